@@ -1,0 +1,318 @@
+"""From a recording to a speaker-attributed transcript: audio ▸ VAD ▸ windows ▸ engine ▸ speakers.
+
+Whisper path (the embedded default): silero-vad finds speech; speech is packed into windows of at most
+30 s; all windows of a recording are submitted together, so they decode in one batch (and alongside other
+recordings); each window's timestamp tokens plus its offset give segment times, clamped to
+``[0, duration]``; word times come from the cross-attention alignment heads; speaker turns from the
+embedding cascade are assigned to words. MOSS-TD path: one sequence for the whole recording (speaker
+labels come from the model).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
+from engine.engine import Engine
+from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from engine.request import FinishReason, Sequence
+from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
+from engine.windows import Window, pack_windows
+
+EventFn = Callable[[str, dict], None]
+
+
+class EngineError(RuntimeError):
+    """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
+
+    code = "engine_error"
+
+
+@dataclass
+class TranscribeOptions:
+    """Per-request options (names follow OpenAI / AssemblyAI).
+
+    Attributes:
+        language: ISO code hint (tiny.en is English-only; kept for the record).
+        prompt: text that conditions the decoder (vocabulary, spelling).
+        num_speakers / min_speakers / max_speakers: hints for speaker clustering.
+        multichannel: one speaker per channel: transcribe each channel, label by channel.
+        max_new_tokens: output budget per sequence (tokens); default from the model and duration.
+        diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
+        word_timestamps: compute word times (needed to split segments at speaker changes).
+    """
+
+    language: str | None = None
+    prompt: str | None = None
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    multichannel: bool = False
+    max_new_tokens: int | None = None
+    diarize: bool = True
+    word_timestamps: bool = True
+
+
+class _Progress:
+    """Collects per-window events into ordered, coalesced transcription events."""
+
+    def __init__(self, n: int, on_event: EventFn | None, interval_s: float) -> None:
+        self.on_event = on_event
+        self.n = n
+        self.next_window = 0
+        self.pending: dict[int, str] = {}
+        self.done: set[int] = set()
+        self.started = False
+        self.lock = threading.Lock()
+        self.coalescer = DeltaCoalescer(interval_s)
+        self.cond = threading.Condition(self.lock)
+
+    def emit(self, kind: str, payload: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, payload)
+
+    def text(self, index: int, delta: str) -> None:
+        with self.lock:
+            if not self.started:
+                self.started = True
+                self.emit("started", {})
+            if index != self.next_window:
+                self.pending[index] = self.pending.get(index, "") + delta
+                return
+            out = self.coalescer.push(delta)
+            if out:
+                self.emit("delta", {"text": out})
+
+    def window_done(self, index: int, segments: list[dict]) -> None:
+        with self.cond:
+            self.done.add(index)
+            self.pending.setdefault(index, "")
+            self.pending[index] = segments  # type: ignore[assignment]
+            while self.next_window in self.done:
+                segs = self.pending.pop(self.next_window)
+                for seg in segs:
+                    self.emit("segment", {"start": seg["start"], "end": seg["end"], "text": seg["text"]})
+                self.next_window += 1
+                buffered = self.pending.get(self.next_window)
+                if isinstance(buffered, str) and buffered:
+                    self.pending[self.next_window] = ""
+                    out = self.coalescer.push(buffered)
+                    if out:
+                        self.emit("delta", {"text": out})
+            if self.next_window >= self.n:
+                rest = self.coalescer.flush()
+                if rest:
+                    self.emit("delta", {"text": rest})
+            self.cond.notify_all()
+
+
+class Transcriber:
+    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.family = engine.loaded.info.get("family", "whisper")
+        if self.family == "whisper":
+            conf = engine.loaded.info.get("config", {})
+            self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
+            self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
+                                               conf.get("suppress_ids_begin", [220, self.tokens.eot]))
+            self.alignment_heads = conf.get("alignment_heads", [])
+
+    # -- public ---------------------------------------------------------------------------------------
+    def transcribe(self, source: Any, options: TranscribeOptions | None = None,
+                   on_event: EventFn | None = None) -> dict:
+        """Transcribe a recording (path, bytes or binary file object).
+
+        Returns:
+            A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
+            text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
+            ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
+            prompt_tokens, output_tokens, processing_s, rtf}.
+        Raises:
+            AudioError: undecodable input (codes in :class:`engine.audio.AudioError`).
+            RequestRejected: the recording cannot fit the model's context (``too_long``).
+            EngineError: a sequence failed inside the engine.
+        """
+        opts = options or TranscribeOptions()
+        t0 = time.perf_counter()
+        audio = decode_audio(source, mono=not opts.multichannel)
+        if on_event:
+            on_event("queued", {"duration": audio.duration})
+        if self.family != "whisper":
+            from engine.moss_td_pipeline import transcribe_moss
+
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event)
+        elif opts.multichannel and audio.samples.shape[0] > 1:
+            result = self._multichannel(audio.samples, opts, on_event)
+        else:
+            result = self._whisper(audio.mono, opts, on_event, diarize=opts.diarize)
+        processing = time.perf_counter() - t0
+        result["metrics"]["processing_s"] = processing
+        result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
+        result.setdefault("duration", audio.duration)
+        if on_event:
+            on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
+        return result
+
+    # -- whisper ----------------------------------------------------------------------------------------
+    def _speech(self, wave: np.ndarray) -> list[tuple[float, float]]:
+        try:
+            from engine.audio.vad import detect_speech
+        except ImportError:  # VAD module not installed: treat everything as speech
+            return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
+        return detect_speech(wave)
+
+    def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
+                 diarize: bool) -> dict:
+        duration = len(wave) / SAMPLE_RATE
+        t_vad = time.perf_counter()
+        speech = self._speech(wave)
+        vad_s = time.perf_counter() - t_vad
+        windows = pack_windows(speech)
+        metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech)}
+        if not windows:
+            metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
+                           prompt_tokens=0, output_tokens=0)
+            return self._result(duration, [], FinishReason.STOP.value, metrics, no_speech=True)
+        seqs = self._run_windows(wave, windows, opts, on_event)
+        segments: list[dict] = []
+        for w, seq in zip(windows, seqs, strict=True):
+            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps))
+        reasons = {s.finish_reason for s in seqs}
+        finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
+                       if r in reasons), FinishReason.STOP.value)
+        t_d = time.perf_counter()
+        if diarize and segments:
+            segments = self._diarize(wave, speech, segments, opts)
+        else:
+            for seg in segments:
+                seg["speaker"] = 0
+        metrics["diarization_s"] = time.perf_counter() - t_d
+        metrics.update(self._seq_metrics(seqs))
+        return self._result(duration, segments, finish, metrics, no_speech=not segments)
+
+    def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
+                     on_event: EventFn | None) -> list[Sequence]:
+        prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
+        prompt = whisper_prompt(self.tokens, prompt_ids)
+        budget = opts.max_new_tokens or (self.engine.max_context - len(prompt))
+        progress = _Progress(len(windows), on_event, self.engine.config.stream_interval_s)
+        seqs: list[Sequence] = []
+        keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
+        for i, w in enumerate(windows):
+            chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
+            mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+            detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+            seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
+                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules, tag=i)
+            seq.on_event = self._make_listener(i, detok, progress, w)
+            seqs.append(seq)
+        for seq in seqs:
+            self.engine.submit(seq)
+        self.engine.run_until_done(seqs)
+        errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
+        if errors:
+            raise EngineError(errors[0].error or "engine step failed")
+        return seqs
+
+    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: _Progress, w: Window):
+        def listener(seq: Sequence, kind: str, payload: Any) -> None:
+            if kind == "token":
+                delta = detok.push(payload)
+                if delta:
+                    progress.text(index, delta)
+            elif kind == "finished":
+                rest = detok.flush()
+                if rest:
+                    progress.text(index, rest)
+                segs = [{"start": w.start + r.start, "end": w.start + r.end,
+                         "text": self.engine.tokenizer.decode(r.token_ids).strip()}
+                        for r in split_segments(self.tokens, seq.output_ids, w.duration)]
+                progress.window_done(index, segs)
+        return listener
+
+    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool) -> list[dict]:
+        tok = self.engine.tokenizer
+        out = []
+        words_all: list[dict] = []
+        enc = seq.mm_state.pop("encoder", None)
+        if want_words and enc is not None and seq.output_ids:
+            try:
+                from engine.models.whisper_align import align_words
+            except ImportError:
+                align_words = None
+            if align_words is not None:
+                n_frames = min(1500, int(round(w.duration * 50)))
+                words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, seq.output_ids,
+                                        self.alignment_heads, n_frames)
+        for raw in split_segments(self.tokens, seq.output_ids, w.duration):
+            text = tok.decode(raw.token_ids).strip()
+            if not text:
+                continue
+            s = min(max(w.start + raw.start, 0.0), duration)
+            e = min(max(w.start + raw.end, s), duration)
+            seg: dict[str, Any] = {"start": s, "end": e, "text": text}
+            if words_all:
+                words = [dict(x, start=min(w.start + x["start"], duration), end=min(w.start + x["end"], duration))
+                         for x in words_all if raw.start - 0.01 <= x["start"] <= raw.end + 0.01]
+                seg["words"] = words
+            out.append(seg)
+        return out
+
+    def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
+                 opts: TranscribeOptions) -> list[dict]:
+        from engine.diarization import assign_speakers, diarize
+
+        turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
+                        max_speakers=opts.max_speakers)
+        return assign_speakers(segments, turns)
+
+    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None) -> dict:
+        results = []
+        for ch in range(samples.shape[0]):
+            results.append(self._whisper(samples[ch], opts, None, diarize=False))
+        segments = []
+        for ch, r in enumerate(results):
+            for seg in r["segments"]:
+                segments.append({**seg, "speaker": f"CH{ch + 1}", "channel": ch})
+        segments.sort(key=lambda s: (s["start"], s["end"]))
+        metrics = {k: sum(r["metrics"].get(k, 0) or 0 for r in results)
+                   for k in ("vad_s", "encoder_s", "prefill_s", "decode_s", "prompt_tokens", "output_tokens")}
+        metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
+                       channels=samples.shape[0])
+        finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
+        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments)
+
+    # -- result ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _seq_metrics(seqs: list[Sequence]) -> dict:
+        first_admit = min((s.timings.admitted or s.timings.arrival) for s in seqs)
+        return {
+            "queue_wait_s": max(0.0, first_admit - min(s.timings.arrival for s in seqs)),
+            "encoder_s": max(s.timings.encoder_s for s in seqs),
+            "prefill_s": max(s.timings.prefill_s for s in seqs),
+            "decode_s": max(s.timings.decode_s for s in seqs),
+            "prompt_tokens": sum(s.prompt_len for s in seqs),
+            "output_tokens": sum(len(s.output_ids) for s in seqs),
+        }
+
+    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool) -> dict:
+        last_end = max((s["end"] for s in segments), default=0.0)
+        return {
+            "duration": duration,
+            "language": "en" if self.family == "whisper" and self.tokens.english_only else None,
+            "model": self.engine.loaded.info.get("name"),
+            "segments": segments,
+            "finish_reason": finish,
+            "coverage": (last_end / duration) if duration > 0 else None,
+            "no_speech": no_speech,
+            "metrics": metrics,
+        }
