@@ -1,0 +1,236 @@
+"""The one transcript schema every Diarist output is built from.
+
+All times are seconds (float) from the start of the recording. A transcript is
+normalised once, in :meth:`Transcript.from_engine`, so that every exporter in
+:mod:`diarist.formats` can rely on its invariants:
+
+- segments sorted by ``start``; every time clamped to ``[0, duration]``; ``end >= start``;
+- within one speaker, segments never go back in time (``start >= end`` of that
+  speaker's previous segment);
+- speakers relabelled ``S01``, ``S02``, ... in order of first appearance over the whole
+  recording (never restarted per window), ``None`` kept for "speaker unknown";
+- ``coverage`` = last segment end / duration, so a truncated decode is visible.
+
+This module must stay free of torch and of the engine: the service's API and
+worker processes import it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+FinishReason = Literal["stop", "length", "repetition", "abort", "error"]
+
+# Labels that already mean "speaker N" (cluster ids, MOSS-TD tags); any other string
+# (e.g. a channel label) is remembered in ``speaker_names`` when relabelled.
+_NUMERIC_LABEL = re.compile(r"(?:S|SPK|SPEAKER_?)?\d+", re.IGNORECASE)
+
+
+class Word(BaseModel):
+    """One word with its time span (seconds) and, after assignment, its speaker label."""
+
+    word: str
+    start: float = Field(ge=0, description="seconds")
+    end: float = Field(ge=0, description="seconds")
+    speaker: str | None = None
+
+
+class Segment(BaseModel):
+    """A run of speech by one speaker.
+
+    ``id`` is the 0-based position in the transcript; ``start``/``end`` are seconds;
+    ``speaker`` is ``S01``-style or ``None`` (unknown); ``channel`` is the source audio
+    channel (0-based) for multichannel jobs, else ``None``; ``words`` is present when
+    word timestamps were computed.
+    """
+
+    id: int
+    speaker: str | None
+    start: float = Field(ge=0, description="seconds")
+    end: float = Field(ge=0, description="seconds")
+    text: str
+    words: list[Word] | None = None
+    channel: int | None = None
+
+
+class Transcript(BaseModel):
+    """A speaker-attributed, time-stamped transcript of one recording.
+
+    Fields: ``duration`` (seconds of audio), ``language`` (ISO 639-1 code or ``None``),
+    ``model`` (name of the model that produced it), ``speakers`` (labels in order of
+    first appearance), ``segments``, ``finish_reason`` (why decoding ended; anything but
+    ``stop`` means the transcript may be cut short), ``coverage`` (last segment end /
+    duration, in [0, 1]; ``None`` for zero-length audio), ``no_speech`` (no speech was
+    found), ``incomplete``/``incomplete_reason`` (set when ``finish_reason`` is not
+    ``stop``), ``speaker_names`` (label -> original name for labels that came from
+    named sources such as channels; ``None`` otherwise).
+    """
+
+    duration: float = Field(ge=0, description="seconds")
+    language: str | None = None
+    model: str
+    speakers: list[str] = Field(default_factory=list)
+    segments: list[Segment] = Field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    coverage: float | None = None
+    no_speech: bool = False
+    incomplete: bool = False
+    incomplete_reason: str | None = None
+    speaker_names: dict[str, str] | None = None
+
+    @property
+    def text(self) -> str:
+        """All segment texts joined by single spaces (no speaker labels, no times)."""
+        return " ".join(s.text for s in self.segments if s.text)
+
+    @classmethod
+    def from_engine(cls, result: dict[str, Any]) -> "Transcript":
+        """Normalise an engine transcription result into a :class:`Transcript`.
+
+        ``result`` is the dict from ``engine.transcriber`` (all times seconds):
+        ``{"duration", "language", "model", "segments": [{"speaker", "start", "end",
+        "text", "words"?: [{"word", "start", "end", "speaker"?}], "channel"?}],
+        "finish_reason", "no_speech", ...}``. Speakers may be ints, ``"S03"``-style
+        strings, channel labels or ``None``. A segment ``end`` of ``None`` (an
+        unterminated MOSS-TD segment) becomes the next segment's start, else the
+        duration. Segments whose text is empty after whitespace collapsing are dropped.
+
+        Raises ``ValueError`` when ``duration`` is missing/negative/not finite or
+        ``finish_reason`` is unknown (pydantic ``ValidationError`` is a ValueError).
+        """
+        duration = _finite(result.get("duration"))
+        if duration is None or duration < 0:
+            raise ValueError(f"engine result has no valid duration: {result.get('duration')!r}")
+        raw = [s for s in (result.get("segments") or []) if isinstance(s, dict)]
+        raw.sort(key=lambda s: _finite(s.get("start")) or 0.0)
+        timed = _clamp_segments(raw, duration)
+        timed = _monotonic_per_speaker(timed)
+        timed.sort(key=lambda s: s["start"])  # stable: per-speaker order is kept
+
+        labels: dict[Any, str] = {}
+        names: dict[str, str] = {}
+
+        def label(value: Any) -> str | None:
+            key = _speaker_key(value)
+            if key is None:
+                return None
+            if key not in labels:
+                labels[key] = f"S{len(labels) + 1:02d}"
+                if isinstance(value, str) and not _NUMERIC_LABEL.fullmatch(value.strip()):
+                    names[labels[key]] = value.strip()
+            return labels[key]
+
+        segments = []
+        for s in timed:
+            speaker = label(s["speaker"])
+            words = None
+            if s["words"] is not None:
+                words = [
+                    Word(word=w["word"], start=w["start"], end=w["end"],
+                         speaker=label(w["speaker"]) if w["speaker"] is not None else speaker)
+                    for w in s["words"]
+                ]
+            segments.append(Segment(id=len(segments), speaker=speaker, start=s["start"], end=s["end"],
+                                    text=s["text"], words=words, channel=s["channel"]))
+
+        finish = result.get("finish_reason") or "stop"
+        finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
+        if segments and duration > 0:
+            coverage = min(1.0, max(s.end for s in segments) / duration)
+        else:
+            coverage = 0.0 if duration > 0 else None
+        no_speech = bool(result.get("no_speech")) or (not segments and finish == "stop")
+        incomplete = bool(result.get("incomplete")) or finish != "stop"
+        reason = result.get("incomplete_reason") or (_REASONS.get(finish) if incomplete else None)
+        return cls(
+            duration=duration, language=result.get("language") or None,
+            model=str(result.get("model") or "unknown"),
+            speakers=list(labels.values()), segments=segments,
+            finish_reason=finish, coverage=coverage, no_speech=no_speech,
+            incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None,
+        )
+
+
+_REASONS = {
+    "length": "the output token budget ran out before the end of the audio",
+    "repetition": "decoding was stopped by the repetition guard",
+    "abort": "the request was aborted",
+    "error": "the engine failed while decoding",
+}
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _speaker_key(value: Any) -> Any:
+    """Key under which two engine speaker values count as the same speaker."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):  # bool is an int subclass; not a speaker id
+        return ("str", str(value))
+    if isinstance(value, int):
+        return ("int", value)
+    return ("str", str(value).strip())
+
+
+def _clamp(t: float | None, lo: float, hi: float) -> float:
+    return lo if t is None else min(hi, max(lo, t))
+
+
+def _clamp_segments(raw: list[dict], duration: float) -> list[dict]:
+    """Clamp segment and word times to [0, duration]; fill missing ends; drop empty text."""
+    out = []
+    for i, s in enumerate(raw):
+        start = _clamp(_finite(s.get("start")), 0.0, duration)
+        end = _finite(s.get("end"))
+        if end is None:  # unterminated: runs until the next segment or the end of audio
+            nxt = next((_finite(r.get("start")) for r in raw[i + 1:] if _finite(r.get("start")) is not None),
+                       None)
+            end = duration if nxt is None else nxt
+        end = _clamp(end, start, duration)
+        text = " ".join(str(s.get("text") or "").split())
+        if not text:
+            continue
+        words = None
+        if isinstance(s.get("words"), list):
+            words, prev_end = [], 0.0
+            for w in s["words"]:
+                if not isinstance(w, dict) or not str(w.get("word") or "").strip():
+                    continue
+                ws = _clamp(_finite(w.get("start")), prev_end, duration)
+                we = _clamp(_finite(w.get("end")), ws, duration)
+                words.append({"word": str(w["word"]), "start": ws, "end": we, "speaker": w.get("speaker")})
+                prev_end = we
+        channel = s.get("channel")
+        out.append({"speaker": s.get("speaker"), "start": start, "end": end, "text": text, "words": words,
+                    "channel": channel if isinstance(channel, int) and not isinstance(channel, bool) else None})
+    return out
+
+
+def _monotonic_per_speaker(segs: list[dict]) -> list[dict]:
+    """Make each speaker's segments non-overlapping and in time order (input sorted by start).
+
+    A segment that starts before the same speaker's previous end is moved to start at
+    that end (its end is kept if later), so a speaker never "talks twice at once".
+    Unknown speakers (None) are left alone: they may be different people.
+    """
+    last_end: dict[Any, float] = {}
+    for s in segs:
+        key = _speaker_key(s["speaker"])
+        if key is None:
+            continue
+        prev = last_end.get(key)
+        if prev is not None and s["start"] < prev:
+            s["start"] = prev
+            s["end"] = max(s["end"], prev)
+        last_end[key] = s["end"]
+    return segs

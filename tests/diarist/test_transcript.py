@@ -1,0 +1,140 @@
+"""Transcript schema: normalisation of engine results (order, clamping, labels, coverage)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diarist.transcript import Transcript
+
+
+def result(segments, duration=10.0, **kw):
+    base = {"duration": duration, "language": "en", "model": "tiny.en", "segments": segments,
+            "finish_reason": "stop", "coverage": None, "no_speech": False, "metrics": {}}
+    base.update(kw)
+    return base
+
+
+def seg(speaker, start, end, text="x", words=None):
+    return {"speaker": speaker, "start": start, "end": end, "text": text, "words": words}
+
+
+def test_sorted_by_start_ids_sequential_and_labels_by_first_appearance():
+    t = Transcript.from_engine(result([seg(7, 5.0, 6.0, "c"), seg(2, 1.0, 2.0, "a"), seg(7, 3.0, 4.0, "b"),
+                                       seg(2, 8.0, 9.0, "d")]))
+    assert [s.text for s in t.segments] == ["a", "b", "c", "d"]
+    assert [s.id for s in t.segments] == [0, 1, 2, 3]
+    # cluster 2 speaks first -> S01 everywhere, cluster 7 -> S02 everywhere
+    assert [s.speaker for s in t.segments] == ["S01", "S02", "S02", "S01"]
+    assert t.speakers == ["S01", "S02"]
+    assert t.speaker_names is None
+
+
+def test_moss_style_labels_are_renumbered_by_first_appearance():
+    t = Transcript.from_engine(result([seg("S03", 0.5, 1.0), seg("S01", 1.5, 2.0), seg("S03", 2.5, 3.0)]))
+    assert [s.speaker for s in t.segments] == ["S01", "S02", "S01"]
+
+
+def test_channel_labels_are_kept_as_speaker_names():
+    segs = [dict(seg("right", 0.2, 1.0), channel=1), dict(seg("left", 0.5, 2.0), channel=0)]
+    t = Transcript.from_engine(result(segs))
+    assert [(s.speaker, s.channel) for s in t.segments] == [("S01", 1), ("S02", 0)]
+    assert t.speaker_names == {"S01": "right", "S02": "left"}
+
+
+def test_times_clamped_to_duration_and_end_not_before_start():
+    t = Transcript.from_engine(result([seg(0, -0.5, 1.0), seg(1, 8.0, 12.5), seg(2, 9.5, 9.0)], duration=10.0))
+    assert [(s.start, s.end) for s in t.segments] == [(0.0, 1.0), (8.0, 10.0), (9.5, 9.5)]
+    assert t.coverage == 1.0
+
+
+def test_monotonic_within_a_speaker_but_overlap_between_speakers_kept():
+    t = Transcript.from_engine(result([seg(0, 1.0, 4.0, "a"), seg(0, 3.0, 5.0, "b"), seg(0, 3.5, 3.8, "c"),
+                                       seg(1, 2.0, 3.0, "other")]))
+    by = {s.text: (s.start, s.end) for s in t.segments}
+    assert by == {"a": (1.0, 4.0), "other": (2.0, 3.0), "b": (4.0, 5.0), "c": (5.0, 5.0)}
+    assert [s.text for s in t.segments] == ["a", "other", "b", "c"]
+
+
+def test_unknown_speaker_is_none_and_not_listed():
+    t = Transcript.from_engine(result([seg(None, 0.0, 1.0), seg("", 1.0, 2.0), seg(4, 2.0, 3.0)]))
+    assert [s.speaker for s in t.segments] == [None, None, "S01"]
+    assert t.speakers == ["S01"]
+
+
+def test_missing_end_runs_to_next_start_or_duration_and_empty_text_dropped():
+    t = Transcript.from_engine(result([seg(0, 1.0, None, "a"), seg(1, 4.0, None, "b"), seg(1, 5.0, 6.0, "  ")],
+                                      duration=9.0))
+    assert [(s.text, s.start, s.end) for s in t.segments] == [("a", 1.0, 4.0), ("b", 4.0, 5.0)]
+
+
+def test_text_whitespace_collapsed():
+    t = Transcript.from_engine(result([seg(0, 0.0, 1.0, "  hello \n\n  world\t")]))
+    assert t.segments[0].text == "hello world"
+
+
+def test_words_clamped_monotonic_and_labelled():
+    words = [{"word": " hi", "start": -0.1, "end": 0.4}, {"word": " there", "start": 0.3, "end": 20.0},
+             {"word": " ", "start": 1.0, "end": 1.1}]
+    t = Transcript.from_engine(result([seg(3, 0.0, 1.0, "hi there", words)], duration=2.0))
+    w = t.segments[0].words
+    assert [(x.word, x.start, x.end, x.speaker) for x in w] == [(" hi", 0.0, 0.4, "S01"), (" there", 0.4, 2.0, "S01")]
+
+
+def test_coverage_finish_reason_and_incomplete():
+    t = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0, finish_reason="length"))
+    assert t.coverage == 0.25
+    assert t.incomplete and "token budget" in t.incomplete_reason
+    ok = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0))
+    assert not ok.incomplete and ok.incomplete_reason is None and not ok.no_speech
+
+
+def test_empty_result_is_no_speech():
+    t = Transcript.from_engine(result([], duration=5.0))
+    assert t.no_speech and t.segments == [] and t.speakers == [] and t.coverage == 0.0
+    zero = Transcript.from_engine(result([], duration=0.0))
+    assert zero.coverage is None and zero.no_speech
+    err = Transcript.from_engine(result([], duration=5.0, finish_reason="error"))
+    assert not err.no_speech and err.incomplete
+
+
+@pytest.mark.parametrize("bad", [None, -1.0, float("nan"), "x"])
+def test_invalid_duration_raises(bad):
+    with pytest.raises(ValueError, match="duration"):
+        Transcript.from_engine(result([], duration=bad))
+
+
+def test_unknown_finish_reason_raises():
+    with pytest.raises(ValueError):
+        Transcript.from_engine(result([], finish_reason="tired"))
+
+
+_SPEAKERS = st.one_of(st.none(), st.integers(0, 5), st.sampled_from(["S01", "S02", "S07", "left", "right"]))
+_TIME = st.one_of(st.none(), st.floats(-5, 40, allow_nan=False))
+
+
+@st.composite
+def _results(draw):
+    duration = draw(st.floats(0, 30, allow_nan=False))
+    segs = [seg(draw(_SPEAKERS), draw(st.floats(-5, 40, allow_nan=False)), draw(_TIME),
+                draw(st.sampled_from(["a", "b c", " ", "第一"])))
+            for _ in range(draw(st.integers(0, 12)))]
+    return result(segs, duration=duration)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_results())
+def test_invariants_hold_for_any_engine_result(r):
+    t = Transcript.from_engine(r)
+    starts = [s.start for s in t.segments]
+    assert starts == sorted(starts)
+    assert all(0 <= s.start <= s.end <= t.duration for s in t.segments)
+    last_end = {}
+    for s in t.segments:
+        if s.speaker is not None:
+            assert s.start >= last_end.get(s.speaker, 0.0)
+            last_end[s.speaker] = s.end
+    first_seen = list(dict.fromkeys(s.speaker for s in t.segments if s.speaker))
+    assert first_seen == t.speakers == [f"S{i:02d}" for i in range(1, len(t.speakers) + 1)]
+    if t.segments and t.duration > 0:
+        assert t.coverage == pytest.approx(max(s.end for s in t.segments) / t.duration)
+    assert Transcript.model_validate_json(t.model_dump_json()) == t
