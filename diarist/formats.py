@@ -1,0 +1,206 @@
+"""Exporters from a :class:`~diarist.transcript.Transcript` to every output format we serve.
+
+Formats (``render(transcript, fmt)`` names, media type, source of the format):
+
+- ``json``: our schema (:class:`Transcript`), ``application/json``.
+- ``txt``: one speaker-labelled line per segment, ``[0.52-2.31] S01: text``, ``text/plain``.
+- ``text``: the plain transcript text without speakers or times (OpenAI ``text``).
+- ``srt``: SubRip, composed with the ``srt`` package; speaker as an ``S01: `` prefix
+  (SubRip has no speaker markup), ``application/x-subrip``.
+- ``vtt``: WebVTT (W3C WebVTT, cue text with ``<v S01>`` voice spans), ``text/vtt``.
+- ``rttm``: NIST RTTM, 10 fields ``SPEAKER <file-id> 1 <start> <dur> <NA> <NA> <speaker>
+  <NA> <NA>``, one line per segment, ``text/plain``.
+- ``verbose_json`` / ``diarized_json``: OpenAI ``/v1/audio/transcriptions`` response
+  shapes (see docs/api_conventions.md §1.6).
+
+Times are seconds everywhere. Segments whose speaker is unknown (``None``) are written
+without a speaker in txt/srt/vtt and as ``unknown`` where a label is mandatory (RTTM,
+diarized_json). Nothing here imports torch or the engine.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from collections.abc import Callable
+
+from diarist.transcript import Segment, Transcript
+
+UNKNOWN_SPEAKER = "unknown"
+
+
+def to_json(t: Transcript) -> str:
+    """Our full schema as UTF-8 JSON text (2-space indent, non-ASCII kept)."""
+    return json.dumps(t.model_dump(mode="json"), ensure_ascii=False, indent=2) + "\n"
+
+
+def to_txt(t: Transcript) -> str:
+    """Speaker-labelled lines ``[start-end] S01: text`` (seconds, 2 decimals), one per segment.
+
+    A segment without a known speaker is written ``[start-end] text``. An empty
+    transcript gives an empty string.
+    """
+    lines = []
+    for s in t.segments:
+        who = f"{s.speaker}: " if s.speaker else ""
+        lines.append(f"[{s.start:.2f}-{s.end:.2f}] {who}{s.text}")
+    return "".join(line + "\n" for line in lines)
+
+
+def to_text(t: Transcript) -> str:
+    """The transcript text alone (OpenAI ``response_format=text``), newline-terminated."""
+    return t.text + "\n" if t.text else ""
+
+
+def to_srt(t: Transcript) -> str:
+    """SubRip subtitles, one cue per segment, composed by the ``srt`` package.
+
+    Zero-length segments get a 1 ms cue so no player drops them.
+    """
+    import srt
+
+    cues = [
+        srt.Subtitle(index=i + 1, start=_td(s.start), end=_td(max(s.end, s.start + 0.001)),
+                     content=(f"{s.speaker}: " if s.speaker else "") + s.text)
+        for i, s in enumerate(t.segments)
+    ]
+    return srt.compose(cues)
+
+
+def _td(seconds: float) -> _dt.timedelta:
+    return _dt.timedelta(milliseconds=round(seconds * 1000))
+
+
+def _vtt_time(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    h, rem = divmod(ms, 3_600_000)
+    m, rem = divmod(rem, 60_000)
+    s, ms = divmod(rem, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}.{ms:03d}"
+
+
+def _vtt_escape(text: str) -> str:
+    # WebVTT cue text: '&' and '<' start markup, '>' would end "-->" look-alikes.
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _vtt_voice(label: str) -> str:
+    # A voice annotation ends at '>' and may not hold a line break; keep the label safe.
+    return re.sub(r"[<>&\s]+", "_", label)
+
+
+def to_vtt(t: Transcript) -> str:
+    """WebVTT with one cue per segment; known speakers as voice spans ``<v S01>text</v>``."""
+    out = ["WEBVTT", ""]
+    for s in t.segments:
+        end = max(s.end, s.start + 0.001)
+        body = _vtt_escape(s.text)
+        if s.speaker:
+            body = f"<v {_vtt_voice(s.speaker)}>{body}</v>"
+        out += [f"{_vtt_time(s.start)} --> {_vtt_time(end)}", body, ""]
+    return "\n".join(out) + ("\n" if t.segments else "")
+
+
+def to_rttm(t: Transcript, file_id: str = "audio") -> str:
+    """NIST RTTM speaker turns, one ``SPEAKER`` line per segment of positive length.
+
+    ``file_id`` is the recording name (whitespace replaced by ``_`` since RTTM is
+    space-separated). Times are seconds with 3 decimals; unknown speakers are written
+    as ``unknown``.
+    """
+    fid = re.sub(r"\s+", "_", file_id.strip()) or "audio"
+    lines = []
+    for s in t.segments:
+        dur = round(s.end, 3) - round(s.start, 3)
+        if dur <= 0:
+            continue
+        spk = re.sub(r"\s+", "_", s.speaker) if s.speaker else UNKNOWN_SPEAKER
+        lines.append(f"SPEAKER {fid} 1 {s.start:.3f} {dur:.3f} <NA> <NA> {spk} <NA> <NA>\n")
+    return "".join(lines)
+
+
+def _seek(s: Segment) -> int:
+    # Whisper's seek is the 10 ms mel-frame offset of the decoding window; we report the
+    # segment start in those units since our windows are not per-segment.
+    return int(s.start * 100)
+
+
+def to_verbose_json(t: Transcript) -> str:
+    """OpenAI ``verbose_json``: ``{task, language, duration, text, segments, words?, usage}``.
+
+    Segments carry OpenAI's fields ``id, seek, start, end, text, tokens, temperature,
+    avg_logprob, compression_ratio, no_speech_prob`` plus our ``speaker`` (OpenAI has no
+    speaker field here). We decode greedily, so ``temperature`` is 0.0; we do not keep
+    token ids or per-segment quality scores, so ``tokens`` is ``[]`` and the three
+    scores are ``null`` (as vLLM does). ``language`` is our ISO code (OpenAI writes the
+    English name), ``""`` when unknown. ``words`` is present when every segment has
+    word timestamps.
+    """
+    body: dict = {
+        "task": "transcribe",
+        "language": t.language or "",
+        "duration": t.duration,
+        "text": t.text,
+        "segments": [
+            {"id": s.id, "seek": _seek(s), "start": s.start, "end": s.end, "text": s.text, "tokens": [],
+             "temperature": 0.0, "avg_logprob": None, "compression_ratio": None, "no_speech_prob": None,
+             "speaker": s.speaker}
+            for s in t.segments
+        ],
+    }
+    if t.segments and all(s.words is not None for s in t.segments):
+        body["words"] = [{"word": w.word, "start": w.start, "end": w.end}
+                         for s in t.segments for w in s.words or []]
+    body["usage"] = {"type": "duration", "seconds": t.duration}
+    return json.dumps(body, ensure_ascii=False)
+
+
+def to_diarized_json(t: Transcript) -> str:
+    """OpenAI ``diarized_json``: ``{task, duration, text, segments, usage}``.
+
+    Each segment is ``{type: "transcript.text.segment", id: "seg_<n>", start, end,
+    speaker, text}``; our labels (``S01``...) replace OpenAI's ``A``, ``B``...; unknown
+    speakers are ``unknown``. ``usage`` is ``{type: "duration", seconds}``.
+    """
+    body = {
+        "task": "transcribe",
+        "duration": t.duration,
+        "text": t.text,
+        "segments": [
+            {"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
+             "speaker": s.speaker or UNKNOWN_SPEAKER, "text": s.text}
+            for s in t.segments
+        ],
+        "usage": {"type": "duration", "seconds": t.duration},
+    }
+    return json.dumps(body, ensure_ascii=False)
+
+
+_FORMATS: dict[str, tuple[Callable[[Transcript], str], str]] = {
+    "json": (to_json, "application/json"),
+    "txt": (to_txt, "text/plain; charset=utf-8"),
+    "text": (to_text, "text/plain; charset=utf-8"),
+    "srt": (to_srt, "application/x-subrip; charset=utf-8"),
+    "vtt": (to_vtt, "text/vtt; charset=utf-8"),
+    "rttm": (to_rttm, "text/plain; charset=utf-8"),
+    "verbose_json": (to_verbose_json, "application/json"),
+    "diarized_json": (to_diarized_json, "application/json"),
+}
+SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
+
+
+def render(transcript: Transcript, fmt: str, *, file_id: str | None = None) -> tuple[str, str]:
+    """Render ``transcript`` as ``fmt``; returns ``(body, media_type)``.
+
+    ``fmt`` is one of :data:`SUPPORTED_FORMATS` (case-insensitive). ``file_id`` names
+    the recording in RTTM (default ``audio``). Raises ``ValueError`` naming the
+    supported formats when ``fmt`` is unknown.
+    """
+    key = (fmt or "").strip().lower()
+    if key not in _FORMATS:
+        raise ValueError(f"unsupported format {fmt!r}; supported formats: {', '.join(SUPPORTED_FORMATS)}")
+    fn, media_type = _FORMATS[key]
+    if key == "rttm" and file_id:
+        return to_rttm(transcript, file_id), media_type
+    return fn(transcript), media_type

@@ -1,0 +1,126 @@
+"""Exporters: golden files for every format, plus parse-back with well-kept parsers
+(pyannote.database for RTTM, srt for SubRip, webvtt-py for WebVTT, the openai client's
+response models for verbose_json / diarized_json)."""
+
+import html
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from diarist.formats import SUPPORTED_FORMATS, render, to_diarized_json, to_rttm, to_srt, to_txt, to_verbose_json, to_vtt
+from diarist.transcript import Transcript
+
+GOLDEN = Path(__file__).parent / "golden"
+EXT = {"json": "json", "txt": "txt", "text": "text.txt", "srt": "srt", "vtt": "vtt", "rttm": "rttm",
+       "verbose_json": "verbose.json", "diarized_json": "diarized.json"}
+
+
+@pytest.fixture(scope="module")
+def t():
+    return Transcript.from_engine(json.loads((GOLDEN / "engine_result.json").read_text()))
+
+
+def empty():
+    return Transcript.from_engine({"duration": 3.0, "language": None, "model": "m", "segments": [],
+                                   "finish_reason": "stop"})
+
+
+@pytest.mark.parametrize("fmt", SUPPORTED_FORMATS)
+def test_matches_golden_file(t, fmt):
+    body, media_type = render(t, fmt, file_id="meeting 01")
+    path = GOLDEN / f"expected.{EXT[fmt]}"
+    if os.environ.get("DIARIST_UPDATE_GOLDEN"):
+        path.write_text(body, encoding="utf-8")
+    assert body == path.read_text(encoding="utf-8")
+    assert media_type.split(";")[0] in {"application/json", "text/plain", "application/x-subrip", "text/vtt"}
+
+
+def test_unknown_format_lists_supported_ones(t):
+    with pytest.raises(ValueError) as e:
+        render(t, "docx")
+    for fmt in SUPPORTED_FORMATS:
+        assert fmt in str(e.value)
+    assert render(t, " SRT ")[0] == to_srt(t)
+
+
+@pytest.mark.parametrize("fmt", SUPPORTED_FORMATS)
+def test_empty_transcript_renders(fmt):
+    body, _ = render(empty(), fmt)
+    assert isinstance(body, str)
+
+
+def test_txt_line_format(t):
+    lines = to_txt(t).splitlines()
+    assert lines[0] == "[0.52-2.31] S01: Morning, shall we start?"
+    assert lines[3] == "[7.00-7.50] [inaudible]"  # unknown speaker: no label
+    assert len(lines) == len(t.segments)
+
+
+def test_json_round_trips(t):
+    body, _ = render(t, "json")
+    assert Transcript.model_validate_json(body) == t
+
+
+def test_rttm_parses_back_with_pyannote_database(t, tmp_path):
+    from pyannote.database.util import load_rttm
+
+    path = tmp_path / "x.rttm"
+    path.write_text(to_rttm(t, "meeting 01"))
+    ann = load_rttm(path)["meeting_01"]
+    got = sorted((round(s.start, 3), round(s.end, 3), label) for s, _, label in ann.itertracks(yield_label=True))
+    want = sorted((round(s.start, 3), round(s.end, 3), s.speaker or "unknown") for s in t.segments if s.end > s.start)
+    assert got == want
+    assert set(ann.labels()) == {"S01", "S02", "S03", "unknown"}
+    for line in to_rttm(t).splitlines():
+        f = line.split()
+        assert len(f) == 10 and f[0] == "SPEAKER" and f[2] == "1" and f[5:7] == ["<NA>", "<NA>"] and f[8:] == ["<NA>", "<NA>"]
+
+
+def test_srt_parses_back_with_srt(t):
+    import srt
+
+    subs = list(srt.parse(to_srt(t)))
+    assert [s.index for s in subs] == list(range(1, len(t.segments) + 1))
+    for sub, seg in zip(subs, t.segments):
+        assert sub.start.total_seconds() == pytest.approx(seg.start, abs=1e-3)
+        assert sub.end.total_seconds() == pytest.approx(max(seg.end, seg.start + 0.001), abs=1e-3)
+        assert sub.content == (f"{seg.speaker}: " if seg.speaker else "") + seg.text
+
+
+def test_vtt_parses_back_with_webvtt_py(t):
+    import webvtt
+
+    cues = list(webvtt.from_string(to_vtt(t)))
+    assert len(cues) == len(t.segments)
+    for cue, seg in zip(cues, t.segments):
+        assert cue.voice == seg.speaker
+        assert html.unescape(cue.text) == seg.text
+        h, m, s = cue.start.split(":")
+        assert int(h) * 3600 + int(m) * 60 + float(s) == pytest.approx(seg.start, abs=1e-3)
+    assert "<v S02>Yes -- Q&amp;A &lt;after&gt; the figures.</v>" in to_vtt(t)
+
+
+def test_diarized_json_validates_against_openai_model(t):
+    from openai.types.audio import TranscriptionDiarized
+
+    body = json.loads(to_diarized_json(t))
+    parsed = TranscriptionDiarized.model_validate(body)
+    assert [s.speaker for s in parsed.segments] == [s.speaker or "unknown" for s in t.segments]
+    assert [(s.start, s.end, s.text) for s in parsed.segments] == [(s.start, s.end, s.text) for s in t.segments]
+    assert parsed.text == t.text and parsed.duration == t.duration
+
+
+def test_verbose_json_has_openai_fields(t):
+    from openai.types.audio import TranscriptionSegment, TranscriptionVerbose, TranscriptionWord
+
+    body = json.loads(to_verbose_json(t))
+    top = TranscriptionVerbose.model_validate({k: v for k, v in body.items() if k != "segments"})
+    assert top.text == t.text and top.language == "en"
+    assert len(top.words) == sum(len(s.words) for s in t.segments)
+    assert all(isinstance(w, TranscriptionWord) for w in top.words)
+    for seg_json, seg in zip(body["segments"], t.segments):
+        assert set(TranscriptionSegment.model_fields) <= set(seg_json)
+        assert (seg_json["id"], seg_json["start"], seg_json["end"], seg_json["text"], seg_json["speaker"]) == (
+            seg.id, seg.start, seg.end, seg.text, seg.speaker)
