@@ -1,0 +1,37 @@
+"""The FastAPI application: ``create_app(services)`` wires routes, error handlers and shared handles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from api import errors
+from api.routes import events, health, jobs, openai
+from diarist.services import Services
+
+DESCRIPTION = """Queue-backed speaker-attributed transcription.
+
+Submit a recording with `POST /v1/jobs` (multipart `file`, or JSON `audio_url`), poll `GET /v1/jobs/{id}`
+(or follow `GET /v1/jobs/{id}/events`, or pass a `webhook_url`), then fetch
+`GET /v1/jobs/{id}/transcript?format=json|txt|srt|vtt|rttm`. Times are seconds. Errors are JSON
+`{"error": {"code", "message"}}`. `POST /v1/audio/transcriptions` is OpenAI-compatible.
+"""
+
+
+def create_app(services: Services, engine_ready: Callable[[], bool] | None = None) -> FastAPI:
+    """The API over ``services`` (whose ``dispatcher`` must be set to accept jobs).
+
+    ``engine_ready``: optional readiness probe of an in-process engine, reported by ``/readyz``.
+    """
+    import diarist
+
+    app = FastAPI(title="Diarist", version=getattr(diarist, "__version__", "0.1.0"), description=DESCRIPTION)
+    app.state.services = services
+    app.state.engine_ready = engine_ready
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(events.router)
+    app.include_router(openai.router)
+    return app

@@ -1,0 +1,132 @@
+"""Audio intake at submit: receive (upload or URL) to a temp file within the size limit, measure, check limits.
+
+The duration is measured before the job exists because it decides the queue and the limits (413, 422
+``too_long`` / ``too_short``) and because a file that cannot be decoded should be refused with its code at
+once (422 ``decode_failed`` / ``no_audio_stream`` / ``empty_audio``) rather than fail later in a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO
+
+import av
+
+from api.errors import ApiError
+from diarist.netguard import UnsafeURL, check_url
+from diarist.settings import Settings
+
+CHUNK = 1 << 20
+# Above this size only the container header is read (a full decode of a huge file would stall the API).
+FULL_DECODE_MAX_BYTES = 512 << 20
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "too_large", f"the audio is larger than the limit of {limit} bytes")
+
+
+def save_stream(src: BinaryIO, limit: int, dest_dir: str | None = None) -> tuple[Path, int]:
+    """Copy ``src`` to a new temp file in 1 MiB chunks; 413 ``too_large`` past ``limit`` bytes."""
+    fd, name = tempfile.mkstemp(prefix="diarist-upload-", dir=dest_dir)
+    size = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while chunk := src.read(CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(limit)
+                out.write(chunk)
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name), size
+
+
+def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> tuple[Path, int]:
+    """Download ``audio_url`` to a temp file (size-limited, private addresses refused unless allow-listed).
+
+    Raises ApiError: 422 ``invalid_url`` / ``url_not_allowed`` / ``url_fetch_failed``, 413 ``too_large``.
+    """
+    import httpx
+
+    try:
+        check_url(url, settings.webhook_allow_hosts)
+    except UnsafeURL as e:
+        raise ApiError(422, e.code, e.message) from None
+    fd, name = tempfile.mkstemp(prefix="diarist-url-")
+    size = 0
+    try:
+        with os.fdopen(fd, "wb") as out, httpx.stream("GET", url, headers=headers or {}, follow_redirects=False,
+                                                      timeout=settings.url_fetch_timeout_s) as r:
+            if r.status_code != 200:
+                raise ApiError(422, "url_fetch_failed", f"fetching audio_url answered HTTP {r.status_code}")
+            for chunk in r.iter_bytes(CHUNK):
+                size += len(chunk)
+                if size > settings.max_upload_bytes:
+                    raise _too_large(settings.max_upload_bytes)
+                out.write(chunk)
+    except httpx.HTTPError as e:
+        Path(name).unlink(missing_ok=True)
+        raise ApiError(422, "url_fetch_failed", f"could not fetch audio_url: {type(e).__name__}: {e}") from None
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name), size
+
+
+def measure_duration(path: Path) -> float:
+    """Audio duration in seconds by decoding the first audio stream (frames counted, nothing kept).
+
+    Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. A damaged tail keeps what
+    decoded (as the engine's decoder does).
+    Raises ApiError 422: ``decode_failed``, ``no_audio_stream``, ``empty_audio``.
+    """
+    if path.stat().st_size == 0:
+        raise ApiError(422, "empty_audio", "the file is empty")
+    try:
+        container = av.open(str(path), mode="r", metadata_errors="ignore")
+    except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or type(e).__name__  # never echo our temp path
+        raise ApiError(422, "decode_failed", f"the file is not a readable media file ({reason})") from None
+    with container:
+        if not container.streams.audio:
+            raise ApiError(422, "no_audio_stream", "the file has no audio stream")
+        stream = container.streams.audio[0]
+        if path.stat().st_size > FULL_DECODE_MAX_BYTES:
+            if stream.duration and stream.time_base:
+                return float(stream.duration * stream.time_base)
+            if container.duration:
+                return container.duration / av.time_base
+        samples, rate, errors = 0, stream.codec_context.sample_rate or 0, None
+        try:
+            for frame in container.decode(stream):
+                samples += frame.samples
+                rate = frame.sample_rate or rate
+        except (av.error.FFmpegError, ValueError) as e:
+            errors = e
+        if samples == 0 or not rate:
+            if errors is not None:
+                reason = getattr(errors, "strerror", None) or type(errors).__name__
+                raise ApiError(422, "decode_failed", f"the audio stream could not be decoded ({reason})")
+            raise ApiError(422, "empty_audio", "the file contains no audio samples")
+        return samples / rate
+
+
+def check_duration(duration: float, settings: Settings) -> None:
+    """422 ``too_long`` / ``too_short`` against the configured limits (seconds)."""
+    if duration > settings.max_duration_s:
+        raise ApiError(422, "too_long", f"the audio lasts {duration:.1f} s; the limit is {settings.max_duration_s:g} s")
+    if duration < settings.min_duration_s:
+        raise ApiError(422, "too_short",
+                       f"the audio lasts {duration:.3f} s; the minimum is {settings.min_duration_s:g} s")
+
+
+def discard(path: Path | None) -> None:
+    if path is not None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""HTTP routers of the API, one module per resource."""

@@ -1,0 +1,82 @@
+"""``GET /v1/jobs/{id}/events``: Server-Sent Events with the job's status, progress, text deltas, segments.
+
+Events (``event:`` name, JSON ``data``): ``status`` {status, progress, error}, ``progress`` {progress},
+``delta`` {text}, ``segment`` {start, end, text}. The stream starts with the current status and ends after
+the final one. Live events come from the event bus; the row is re-read every second so a missed bus
+message (late subscription, Redis hiccup) never leaves a client waiting forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from api.deps import JobId, PrincipalDep, ServicesDep, load_job
+from api.routes.jobs import ERRORS
+from diarist.events import Subscription
+from diarist.models import FINAL_STATES, Job
+from diarist.services import Services
+
+router = APIRouter(tags=["jobs"])
+
+POLL_S = 1.0
+
+
+class _Stream:
+    """The subscription is opened before the row is read, so no event falls between the two."""
+
+    def __init__(self, services: Services, job: Job, sub: Subscription) -> None:
+        self.services, self.job, self.sub = services, job, sub
+
+
+def open_stream(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -> Iterator[_Stream]:
+    sub = services.bus.subscribe(job_id)
+    try:
+        job = load_job(services, principal, job_id)  # 404 before any byte is streamed
+        yield _Stream(services, job, sub)
+    finally:
+        sub.close()
+
+
+def status_event(job: Job) -> dict:
+    return {"type": "status", "status": job.status, "progress": job.progress,
+            "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
+
+
+def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = False) -> Iterator[dict]:
+    """Bus events for one job until its final status (a blocking iterator; run it in a thread).
+
+    ``ticks``: also yield ``{"type": "tick"}`` after each quiet second (lets a caller enforce a deadline).
+    """
+    yield status_event(job)
+    status = job.status
+    while status not in FINAL_STATES:
+        ev = sub.get(timeout=POLL_S)
+        if ev is None:
+            with services.db.session() as s:
+                row = s.get(Job, job.id)
+                if row is None:
+                    yield {"type": "status", "status": "canceled", "progress": 0.0,
+                           "error": {"code": "deleted", "message": "the job was deleted"}}
+                    return
+                if row.status != status:
+                    status = row.status
+                    yield status_event(row)
+                elif ticks:
+                    yield {"type": "tick"}
+            continue
+        if ev.get("type") == "status":
+            if ev.get("status") == status and status != "processing":
+                continue
+            status = ev.get("status", status)
+        yield ev
+
+
+@router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=ERRORS,
+            summary="Live job events (SSE): status, progress, delta, segment")
+def stream_job_events(stream: Annotated[_Stream, Depends(open_stream)]) -> Iterator[ServerSentEvent]:
+    for ev in job_events(stream.services, stream.job, stream.sub):
+        yield ServerSentEvent(event=ev["type"], data={k: v for k, v in ev.items() if k != "type"})

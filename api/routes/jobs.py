@@ -1,0 +1,142 @@
+"""Job routes: submit, get, list, transcript, delete (thin: the work is in api.submit and diarist.jobs)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from sqlalchemy import func, select, tuple_
+from starlette.datastructures import UploadFile
+
+from api.deps import JobId, PrincipalDep, ServicesDep, load_job
+from api.errors import ApiError
+from api.schemas import ErrorResponse, JobFromUrl, JobList, JobOptions, JobOut, Status, TranscriptFormat
+from api.submit import AudioSource, submit_job
+from diarist import jobs
+from diarist.formats import render
+from diarist.models import FINAL_STATES, Job, WebhookDelivery
+from diarist.storage import ObjectNotFound
+from diarist.transcript import Transcript
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+ERRORS = {c: {"model": ErrorResponse} for c in (401, 404, 409, 413, 415, 422, 503)}
+FORM_FIELDS = {"type": "object", "required": ["file"], "properties": {
+    "file": {"type": "string", "format": "binary"},
+    **{k: {"type": "string"} for k in JobOptions.model_fields},
+}}
+SUBMIT_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": FORM_FIELDS},
+    "application/json": {"schema": {"$ref": "#/components/schemas/JobFromUrl"}},
+}}}
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+
+
+def _validation_error(e: ValidationError) -> ApiError:
+    msg = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" if x["loc"] else x["msg"] for x in e.errors()[:5])
+    return ApiError(422, "invalid_request", msg)
+
+
+@router.post("", status_code=202, response_model=JobOut, responses={200: {"model": JobOut}, **ERRORS},
+             openapi_extra=SUBMIT_BODY, summary="Submit a recording (multipart `file` or JSON `audio_url`)")
+async def create_job(request: Request, services: ServicesDep, principal: PrincipalDep,
+                     idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """202 with the new job; 200 with the existing one when the ``Idempotency-Key`` was seen before."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > services.settings.max_upload_bytes + (1 << 20):
+        raise ApiError(413, "too_large", f"the upload is larger than {services.settings.max_upload_bytes} bytes")
+    if ctype == "multipart/form-data":
+        form = await request.form(max_files=1, max_fields=32)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(422, "invalid_request", "multipart field `file` (the recording) is required")
+        fields = {k: v for k, v in form.items() if k != "file" and isinstance(v, str) and v != ""}
+        try:
+            opts = JobOptions.model_validate(fields)
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        source = AudioSource(fileobj=upload.file, filename=upload.filename)
+    elif ctype == "application/json":
+        try:
+            body = JobFromUrl.model_validate_json(await request.body())
+        except ValidationError as e:
+            raise _validation_error(e) from None
+        opts = body
+        source = AudioSource(url=body.audio_url, headers=body.audio_headers)
+    else:
+        raise ApiError(415, "unsupported_media_type", "send multipart/form-data with `file`, or JSON with `audio_url`")
+    job, created = await run_in_threadpool(submit_job, services, principal, opts, source, idempotency_key)
+    out = JobOut.from_row(job)
+    headers = {"Location": f"/v1/jobs/{job.id}"}
+    if not created:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONResponse(out.model_dump(mode="json"), status_code=202 if created else 200, headers=headers)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=ERRORS, summary="Job status, progress, metrics, error")
+def get_job(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    job = load_job(services, principal, job_id)
+    with services.db.session() as s:
+        n = s.scalar(select(func.count()).select_from(WebhookDelivery).where(WebhookDelivery.job_id == job_id))
+    return JobOut.from_row(job, deliveries=n or 0)
+
+
+@router.get("/{job_id}/transcript", responses={200: {"content": {"text/plain": {}, "application/json": {}}},
+                                               **ERRORS}, summary="The transcript in a format")
+def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep,
+                   format: Annotated[TranscriptFormat, Query(description="Output format")] = "json") -> Response:
+    job = load_job(services, principal, job_id)
+    if job.status != "completed" or not job.transcript_key:
+        code = "job_failed" if job.status == "failed" else "not_ready"
+        raise ApiError(409, code, f"the job is {job.status}; the transcript exists once it is completed")
+    try:
+        data = services.store.get_bytes(job.transcript_key)
+    except ObjectNotFound:
+        raise ApiError(404, "not_found", "the transcript was deleted") from None
+    content, media_type = render(Transcript.model_validate_json(data), format, file_id=job.id)
+    return Response(content, media_type=media_type)
+
+
+@router.get("", response_model=JobList, responses=ERRORS, summary="List jobs, newest first")
+def list_jobs(services: ServicesDep, principal: PrincipalDep,
+              status: Annotated[Status | None, Query(description="Only jobs in this state")] = None,
+              limit: Annotated[int, Query(ge=1, le=200)] = 20,
+              cursor: Annotated[str | None, Query(max_length=64, description="`next_cursor` of the previous page")]
+              = None) -> JobList:
+    with services.db.session() as s:
+        q = select(Job)
+        if not principal.admin:
+            q = q.where(Job.owner_key == principal.key_id)
+        if status:
+            q = q.where(Job.status == status)
+        if cursor:
+            last = s.get(Job, cursor)
+            if last is None or not principal.may_see(last):
+                raise ApiError(422, "invalid_request", "unknown cursor")
+            q = q.where(tuple_(Job.created_at, Job.id) < tuple_(last.created_at, last.id))
+        rows = list(s.scalars(q.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        data = [JobOut.from_row(j) for j in rows]
+    return JobList(data=data, has_more=more, next_cursor=rows[-1].id if more and rows else None)
+
+
+@router.delete("/{job_id}", response_model=JobOut, responses=ERRORS,
+               summary="Cancel a queued/processing job, or delete a finished one; audio and results are deleted")
+def delete_job(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -> JobOut:
+    job = load_job(services, principal, job_id)
+    if job.status not in FINAL_STATES:
+        jobs.cancel(services, job_id)
+    services.store.delete_prefix(f"jobs/{job_id}/")
+    if job.status in FINAL_STATES:
+        with services.db.session() as s:
+            row = s.get(Job, job_id)
+            if row is not None:
+                s.delete(row)
+        return JobOut.from_row(job)
+    return JobOut.from_row(load_job(services, principal, job_id))

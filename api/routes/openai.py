@@ -1,0 +1,145 @@
+"""OpenAI-compatible ``POST /v1/audio/transcriptions`` (works with the official ``openai`` client).
+
+The request becomes an ordinary job (same queue, limits, worker and engine), and the route waits for it.
+``response_format``: json (``{text, usage}``), text, srt, vtt, verbose_json, diarized_json. ``stream=true``
+answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta} while decoding,
+``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
+as OpenAI does), then ``transcript.text.done`` {text}. Extra form fields (``num_speakers``,
+``min_speakers``, ``max_speakers``) pass through; OpenAI-only fields we cannot honour are ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, File, Form, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from api.deps import PrincipalDep, ServicesDep
+from api.errors import ApiError
+from api.routes.events import job_events
+from api.routes.jobs import ERRORS
+from api.schemas import JobOptions
+from api.submit import AudioSource, submit_job
+from diarist.formats import render
+from diarist.models import Job, new_id
+from diarist.services import Services
+from diarist.transcript import Transcript
+
+router = APIRouter(tags=["openai"])
+
+OpenAIFormat = Literal["json", "text", "srt", "vtt", "verbose_json", "diarized_json"]
+# A failed job's code → HTTP status of the synchronous answer.
+STATUS_FOR = {"engine_error": 500, "internal_error": 500, "audio_missing": 500, "canceled": 409}
+
+
+def _finished(services: Services, job_id: str, events: Iterator[dict]) -> tuple[Job, Transcript | None]:
+    for ev in events:
+        if ev.get("type") == "status" and ev.get("status") in ("completed", "failed", "canceled"):
+            break
+    with services.db.session() as s:
+        job = s.get(Job, job_id)
+        s.expunge(job)
+    if job.status != "completed":
+        return job, None
+    return job, Transcript.model_validate_json(services.store.get_bytes(job.transcript_key))
+
+
+def _deadline(events: Iterator[dict], seconds: float) -> Iterator[dict]:
+    end = time.monotonic() + seconds
+    for ev in events:
+        yield ev
+        if time.monotonic() > end:
+            raise ApiError(504, "timeout", f"the transcription did not finish within {seconds:g} s")
+
+
+def _raise_failed(job: Job) -> None:
+    code = job.error_code or "internal_error"
+    raise ApiError(STATUS_FOR.get(code, 422), code, job.error_message or "the transcription failed")
+
+
+def _body(t: Transcript, fmt: str) -> Response:
+    if fmt == "json":
+        return Response(json.dumps({"text": t.text, "usage": {"type": "duration", "seconds": t.duration}},
+                                   ensure_ascii=False), media_type="application/json")
+    content, media_type = render(t, fmt)
+    return Response(content, media_type=media_type)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -> Iterator[str]:
+    sent = []
+    for ev in events:
+        if ev.get("type") == "delta" and ev.get("text"):
+            sent.append(ev["text"])
+            yield _sse({"type": "transcript.text.delta", "delta": ev["text"]})
+        elif ev.get("type") == "status" and ev.get("status") in ("completed", "failed", "canceled"):
+            break
+    job, t = _finished(services, job_id, iter(()))
+    if t is None:
+        err = {"code": job.error_code or "internal_error", "message": job.error_message or "failed"}
+        yield _sse({"type": "error", "error": err})
+        return
+    if not sent and t.text:  # deltas missed (or none streamed): the client still gets the whole text
+        yield _sse({"type": "transcript.text.delta", "delta": t.text})
+    if fmt == "diarized_json":
+        for s in t.segments:
+            yield _sse({"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
+                        "speaker": s.speaker or "unknown", "text": s.text})
+    yield _sse({"type": "transcript.text.done", "text": t.text})
+
+
+@router.post("/v1/audio/transcriptions", responses={200: {"content": {"application/json": {}, "text/plain": {},
+                                                                      "text/event-stream": {}}}, **ERRORS},
+             summary="OpenAI-compatible transcription (synchronous, or SSE with stream=true)")
+async def create_transcription(
+    services: ServicesDep, principal: PrincipalDep,
+    file: Annotated[UploadFile, File(description="The recording")],
+    model: Annotated[str, Form()],
+    language: Annotated[str | None, Form(max_length=16)] = None,
+    prompt: Annotated[str | None, Form(max_length=2000)] = None,
+    response_format: Annotated[OpenAIFormat, Form()] = "json",
+    temperature: Annotated[float | None, Form(ge=0, le=1)] = None,
+    stream: Annotated[bool, Form()] = False,
+    num_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    min_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+) -> Response:
+    try:
+        opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
+                          min_speakers=min_speakers, max_speakers=max_speakers)
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", str(e.errors()[0]["msg"])) from None
+    job_id = new_id("job")
+    sub = services.bus.subscribe(job_id)  # before the job exists: no event can be missed
+    try:
+        job, _ = await run_in_threadpool(submit_job, services, principal, opts,
+                                         AudioSource(fileobj=file.file, filename=file.filename), None, "openai",
+                                         job_id)
+        events = _deadline(job_events(services, job, sub, ticks=True), services.settings.sync_timeout_s)
+    except BaseException:
+        sub.close()
+        raise
+    if stream:
+        def gen() -> Iterator[str]:
+            try:
+                yield from _stream(services, job_id, events, response_format)
+            finally:
+                sub.close()
+
+        return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    try:
+        job, t = await run_in_threadpool(_finished, services, job_id, events)
+    finally:
+        sub.close()
+    if t is None:
+        _raise_failed(job)
+    return _body(t, response_format)

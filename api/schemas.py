@@ -1,0 +1,126 @@
+"""Request and response bodies of the job API (times: ISO-8601 UTC; durations: seconds)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from diarist.models import Job
+
+Status = Literal["queued", "processing", "completed", "failed", "canceled"]
+TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"]
+
+
+class JobOptions(BaseModel):
+    """Transcription options (names follow OpenAI / AssemblyAI)."""
+
+    model: str | None = Field(None, description="Model name; see DIARIST_SERVED_MODELS. Default: the server's.")
+    language: str | None = Field(None, max_length=16, description="ISO 639-1 hint, e.g. `en`.")
+    prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
+    num_speakers: int | None = Field(None, ge=1, le=64, description="Exact speaker count, if known.")
+    min_speakers: int | None = Field(None, ge=1, le=64)
+    max_speakers: int | None = Field(None, ge=1, le=64)
+    multichannel: bool = Field(False, description="One speaker per channel.")
+    webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
+
+    @model_validator(mode="after")
+    def _speakers(self) -> JobOptions:
+        if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
+            raise ValueError("min_speakers must not exceed max_speakers")
+        return self
+
+    def engine_options(self) -> dict[str, Any]:
+        return self.model_dump(include={"language", "prompt", "num_speakers", "min_speakers", "max_speakers",
+                                        "multichannel"}, exclude_none=True)
+
+
+class JobFromUrl(JobOptions):
+    """``POST /v1/jobs`` with a JSON body: the server fetches ``audio_url``."""
+
+    audio_url: str = Field(..., max_length=4000, description="http(s) URL of the recording.")
+    audio_headers: dict[str, str] | None = Field(None, description="Headers for the fetch, e.g. Authorization.")
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class Metrics(BaseModel):
+    queue_wait_s: float | None = None
+    encoder_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    processing_s: float | None = None
+    rtf: float | None = Field(None, description="processing seconds / audio seconds")
+    finish_reason: str | None = None
+    coverage: float | None = None
+    engine_id: str | None = None
+
+
+class WebhookState(BaseModel):
+    url: str
+    status: str | None = Field(None, description="pending | retrying | delivered | failed")
+    last_status_code: int | None = None
+    attempts: int = 0
+
+
+class JobOut(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: Status
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    model: str
+    queue: str
+    filename: str | None = None
+    duration: float | None = Field(None, description="audio seconds")
+    progress: float = Field(0.0, description="0..1")
+    attempts: int = 0
+    options: dict[str, Any] = {}
+    language: str | None = None
+    num_speakers: int | None = None
+    incomplete: bool = Field(False, description="The transcript may be cut short (finish_reason != stop).")
+    error: ErrorInfo | None = None
+    metrics: Metrics | None = None
+    webhook: WebhookState | None = None
+
+    @classmethod
+    def from_row(cls, job: Job, deliveries: int = 0) -> JobOut:
+        m = job.metrics
+        return cls(
+            id=job.id, status=job.status, created_at=_utc(job.created_at), updated_at=_utc(job.updated_at),
+            started_at=_utc(job.started_at), finished_at=_utc(job.finished_at), model=job.model, queue=job.queue,
+            filename=job.filename, duration=job.duration_s, progress=job.progress, attempts=job.attempts,
+            options=job.options or {}, language=job.language, num_speakers=job.num_speakers,
+            incomplete=job.incomplete,
+            error=ErrorInfo(code=job.error_code, message=job.error_message) if job.error_code else None,
+            metrics=Metrics(**{k: getattr(m, k) for k in Metrics.model_fields}) if m is not None else None,
+            webhook=WebhookState(url=job.webhook_url, status=job.webhook_status,
+                                 last_status_code=job.webhook_status_code, attempts=deliveries)
+            if job.webhook_url else None,
+        )
+
+
+class JobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[JobOut]
+    has_more: bool
+    next_cursor: str | None = Field(None, description="Pass as `cursor` to get the next (older) page.")
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes; every time we store is UTC.
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt

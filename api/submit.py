@@ -1,0 +1,115 @@
+"""Creating a job: validate options ▸ idempotency ▸ receive audio ▸ measure ▸ store ▸ row ▸ enqueue."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from api import intake
+from api.deps import Principal
+from api.errors import ApiError
+from api.schemas import JobOptions
+from diarist import jobs
+from diarist.models import Job, new_id
+from diarist.netguard import UnsafeURL, check_url
+from diarist.services import Services
+
+log = logging.getLogger("diarist.api")
+
+
+@dataclass
+class AudioSource:
+    """Exactly one of ``fileobj`` (an upload, with its ``filename``) or ``url`` (+ ``headers``)."""
+
+    fileobj: BinaryIO | None = None
+    filename: str | None = None
+    url: str | None = None
+    headers: dict[str, str] | None = None
+
+
+def resolve_model(services: Services, name: str | None) -> str:
+    """The model to use; 422 ``unknown_model`` for a name the server does not serve."""
+    served = services.settings.served_models
+    if name is None:
+        return services.settings.model
+    if name not in served:
+        raise ApiError(422, "unknown_model", f"unknown model {name!r}; this server serves: {', '.join(served)}")
+    return name
+
+
+def _existing(services: Services, principal: Principal, key: str) -> Job | None:
+    with services.db.session() as s:
+        job = s.scalar(select(Job).where(Job.owner_key == principal.key_id, Job.idempotency_key == key))
+        if job is not None:
+            _ = job.metrics
+            s.expunge(job)
+        return job
+
+
+def submit_job(services: Services, principal: Principal, opts: JobOptions, source: AudioSource,
+               idempotency_key: str | None = None, origin: str = "api", job_id: str | None = None
+               ) -> tuple[Job, bool]:
+    """Create and enqueue a job. Returns ``(job, created)``; ``created`` is False for an idempotent replay.
+
+    ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
+
+    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``invalid_url``, ``url_not_allowed``,
+    ``url_fetch_failed``, ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``too_long``,
+    ``too_short``; 503 ``queue_unavailable``.
+    """
+    st = services.settings
+    model = resolve_model(services, opts.model)
+    if opts.webhook_url:
+        try:
+            check_url(opts.webhook_url, st.webhook_allow_hosts)
+        except UnsafeURL as e:
+            raise ApiError(422, e.code, f"webhook_url: {e.message}") from None
+    if idempotency_key and (job := _existing(services, principal, idempotency_key)) is not None:
+        return job, False
+
+    tmp: Path | None = None
+    try:
+        if source.url is not None:
+            tmp, size = intake.fetch_url(source.url, source.headers, st)
+        else:
+            tmp, size = intake.save_stream(source.fileobj, st.max_upload_bytes)
+        duration = intake.measure_duration(tmp)
+        intake.check_duration(duration, st)
+        job_id = job_id or new_id("job")
+        audio_key = f"jobs/{job_id}/audio"
+        with open(tmp, "rb") as f:
+            services.store.put_file(audio_key, f)
+    finally:
+        intake.discard(tmp)
+
+    queue = services.dispatcher.queue_for(duration)
+    job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
+              filename=(source.filename or None) if source.url is None else source.url[:500], audio_key=audio_key,
+              audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
+              webhook_url=opts.webhook_url)
+    try:
+        with services.db.session() as s:
+            s.add(job)
+    except IntegrityError:
+        # A concurrent request with the same Idempotency-Key won the insert.
+        services.store.delete_prefix(f"jobs/{job_id}/")
+        if idempotency_key and (existing := _existing(services, principal, idempotency_key)) is not None:
+            return existing, False
+        raise
+    try:
+        services.dispatcher.transcribe(job_id, queue)
+    except Exception as e:
+        log.exception("enqueue failed for %s", job_id)
+        jobs.fail(services, job_id, "queue_unavailable", f"the job could not be queued: {type(e).__name__}")
+        raise ApiError(503, "queue_unavailable", "the job queue is unavailable; retry later") from None
+    services.bus.publish(job_id, {"type": "status", "status": "queued", "progress": 0.0})
+    with services.db.session() as s:
+        job = s.get(Job, job_id)
+        _ = job.metrics
+        s.expunge(job)
+    return job, True

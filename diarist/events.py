@@ -1,0 +1,116 @@
+"""Live job events (status, progress, text deltas, segments) from workers to SSE clients.
+
+An event is a JSON-able dict with a ``type`` (``status``, ``progress``, ``delta``, ``segment``) and its
+fields. Delivery is best effort: a client that subscribes late misses earlier deltas, which is why every
+SSE stream starts from the job row and ends with the stored transcript's state. Embedded mode uses an
+in-process bus; production uses Redis pub/sub (channel ``diarist:events:<job id>``).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections import defaultdict
+from typing import Protocol
+
+
+class Subscription(Protocol):
+    def get(self, timeout: float) -> dict | None:
+        """The next event, or None after ``timeout`` seconds without one."""
+
+    def close(self) -> None: ...
+
+
+class EventBus(Protocol):
+    def publish(self, job_id: str, event: dict) -> None: ...
+
+    def subscribe(self, job_id: str) -> Subscription: ...
+
+
+class _LocalSubscription:
+    def __init__(self, bus: LocalEventBus, job_id: str) -> None:
+        self.bus, self.job_id = bus, job_id
+        self.q: queue.Queue = queue.Queue(maxsize=10_000)
+
+    def get(self, timeout: float) -> dict | None:
+        try:
+            return self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        self.bus._remove(self)
+
+
+class LocalEventBus:
+    """Subscribers in this process (embedded mode: the API and the workers share it)."""
+
+    def __init__(self) -> None:
+        self._subs: dict[str, set[_LocalSubscription]] = defaultdict(set)
+        self._lock = threading.Lock()
+
+    def publish(self, job_id: str, event: dict) -> None:
+        with self._lock:
+            subs = list(self._subs.get(job_id, ()))
+        for s in subs:
+            try:
+                s.q.put_nowait(event)
+            except queue.Full:  # a stalled reader loses deltas, never blocks the worker
+                pass
+
+    def subscribe(self, job_id: str) -> _LocalSubscription:
+        sub = _LocalSubscription(self, job_id)
+        with self._lock:
+            self._subs[job_id].add(sub)
+        return sub
+
+    def _remove(self, sub: _LocalSubscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.job_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subs[sub.job_id]
+
+
+class _RedisSubscription:
+    def __init__(self, client, channel: str) -> None:  # noqa: ANN001 - redis.Redis
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(channel)
+
+    def get(self, timeout: float) -> dict | None:
+        msg = self.pubsub.get_message(timeout=timeout)
+        if msg is None or msg.get("type") != "message":
+            return None
+        return json.loads(msg["data"])
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+class RedisEventBus:
+    """Redis pub/sub: workers in other processes publish, any API replica subscribes."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    @staticmethod
+    def channel(job_id: str) -> str:
+        return f"diarist:events:{job_id}"
+
+    def publish(self, job_id: str, event: dict) -> None:
+        self.client.publish(self.channel(job_id), json.dumps(event))
+
+    def subscribe(self, job_id: str) -> _RedisSubscription:
+        return _RedisSubscription(self.client, self.channel(job_id))
+
+
+def make_bus(settings) -> EventBus:  # noqa: ANN001 - diarist.settings.Settings
+    """Redis when an events/broker URL is redis, else the in-process bus."""
+    url = settings.events_url or settings.broker
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisEventBus(url)
+    return LocalEventBus()

@@ -1,0 +1,147 @@
+"""Database tables (SQLAlchemy 2): jobs, job metrics, webhook deliveries, API keys.
+
+Times are timezone-aware UTC; durations are seconds. The schema is created by the Alembic migrations in
+``migrations/`` (never by ``create_all`` outside tests), so it is identical on Postgres and SQLite.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """A sortable-enough, unguessable id like ``job_3f2a...`` (uuid4 hex)."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class JobStatus(str, enum.Enum):
+    """``queued → processing → completed | failed | canceled`` (DESIGN.md §5)."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED)
+
+
+FINAL_STATES = (JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value)
+
+
+class ApiKey(Base):
+    """A client credential. Only ``sha256(secret)`` is stored; ``prefix`` finds the row."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("key"))
+    name: Mapped[str] = mapped_column(String(200))
+    prefix: Mapped[str] = mapped_column(String(32), unique=True, index=True)
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    # Signing secret for this key's webhooks (Standard Webhooks ``whsec_<base64>``); shown once at creation.
+    webhook_secret: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Job(Base):
+    """One transcription request and its lifecycle."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("owner_key", "idempotency_key", name="uq_jobs_owner_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("job"))
+    # Owner for scoping: the API key id, or "" when auth is off (unique constraints ignore NULLs).
+    owner_key: Mapped[str] = mapped_column(String(40), default="", index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    source: Mapped[str] = mapped_column(String(16), default="upload")  # upload | url | openai
+    filename: Mapped[str | None] = mapped_column(String(500), default=None)
+    audio_key: Mapped[str | None] = mapped_column(String(500), default=None)
+    audio_bytes: Mapped[int | None] = mapped_column(Integer, default=None)
+    duration_s: Mapped[float | None] = mapped_column(Float, default=None)
+    queue: Mapped[str] = mapped_column(String(32), default="transcribe.short")
+    model: Mapped[str] = mapped_column(String(100), default="whisper")
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    transcript_key: Mapped[str | None] = mapped_column(String(500), default=None)
+    language: Mapped[str | None] = mapped_column(String(16), default=None)
+    num_speakers: Mapped[int | None] = mapped_column(Integer, default=None)
+    incomplete: Mapped[bool] = mapped_column(Boolean, default=False)
+    error_code: Mapped[str | None] = mapped_column(String(64), default=None)
+    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+
+    webhook_url: Mapped[str | None] = mapped_column(Text, default=None)
+    webhook_status: Mapped[str | None] = mapped_column(String(16), default=None)  # pending|delivered|failed
+    webhook_status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+
+    metrics: Mapped[JobMetrics | None] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                      uselist=False, lazy="selectin")
+    deliveries: Mapped[list[WebhookDelivery]] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                             order_by="WebhookDelivery.id")
+
+
+class JobMetrics(Base):
+    """Engine measurements of a completed job (seconds, tokens; RTF = processing_s / duration)."""
+
+    __tablename__ = "job_metrics"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    queue_wait_s: Mapped[float | None] = mapped_column(Float, default=None)
+    encoder_s: Mapped[float | None] = mapped_column(Float, default=None)
+    prefill_s: Mapped[float | None] = mapped_column(Float, default=None)
+    decode_s: Mapped[float | None] = mapped_column(Float, default=None)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    output_tokens: Mapped[int | None] = mapped_column(Integer, default=None)
+    processing_s: Mapped[float | None] = mapped_column(Float, default=None)
+    rtf: Mapped[float | None] = mapped_column(Float, default=None)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), default=None)
+    coverage: Mapped[float | None] = mapped_column(Float, default=None)
+    engine_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="metrics")
+
+
+class WebhookDelivery(Base):
+    """One attempt to deliver one webhook message (``message_id`` is stable across its retries)."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    message_id: Mapped[str] = mapped_column(String(40))
+    attempt: Mapped[int] = mapped_column(Integer)
+    url: Mapped[str] = mapped_column(Text)
+    event: Mapped[str] = mapped_column(String(32))
+    status_code: Mapped[int | None] = mapped_column(Integer, default=None)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    duration_s: Mapped[float | None] = mapped_column(Float, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    job: Mapped[Job] = relationship(back_populates="deliveries")

@@ -1,0 +1,53 @@
+"""The shared handles every process needs: settings, database, object store, event bus, dispatcher.
+
+``api`` and ``worker`` both take a :class:`Services`; the CLI builds it once per process. The dispatcher
+(how a job reaches a worker) is injected so that ``api`` never imports ``worker``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from diarist.db import Database
+from diarist.events import EventBus, make_bus
+from diarist.settings import Settings
+from diarist.storage import ObjectStore, make_store
+
+
+class Dispatcher(Protocol):
+    """Hands work to the queue (Celery in every mode)."""
+
+    def queue_for(self, duration_s: float | None) -> str:
+        """Queue name for a recording of this duration (``transcribe.short`` / ``transcribe.long``)."""
+
+    def transcribe(self, job_id: str, queue: str) -> None:
+        """Enqueue the transcription of a job row. Raises on broker failure."""
+
+    def webhook(self, job_id: str, event: str, message_id: str, countdown: float = 0.0) -> None:
+        """Enqueue one webhook delivery attempt (``event`` like ``job.completed``)."""
+
+    def ping(self) -> None:
+        """Raises when the broker is unreachable."""
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    store: ObjectStore
+    bus: EventBus
+    dispatcher: Dispatcher | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, migrate: bool = False) -> Services:
+        """Open the database (running the migrations first when ``migrate``), the store and the bus."""
+        if migrate:
+            from diarist.db import upgrade
+
+            upgrade(settings.db_url)
+        return cls(settings=settings, db=Database(settings.db_url), store=make_store(settings),
+                   bus=make_bus(settings))
+
+    def close(self) -> None:
+        self.db.dispose()

@@ -1,0 +1,103 @@
+"""Every service setting in one place: environment variables with the prefix ``DIARIST_``.
+
+Example: ``DIARIST_DATABASE_URL=postgresql+psycopg://diarist@db/diarist``. Lists are JSON
+(``DIARIST_WEBHOOK_ALLOW_HOSTS='["127.0.0.1"]'``). ``diarist serve --embedded`` fills the unset ones with
+the embedded defaults (SQLite, local object store, in-memory broker, in-process engine) under ``data_dir``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Service configuration (all units in the field names: ``_s`` seconds, ``_bytes`` bytes)."""
+
+    model_config = SettingsConfigDict(env_prefix="DIARIST_", env_file=None, extra="ignore")
+
+    # -- mode and places ------------------------------------------------------------------------------
+    embedded: bool = Field(False, description="One process: SQLite, local store, memory broker, engine in-process.")
+    data_dir: Path = Field(Path(".diarist"), description="Embedded mode's SQLite file and object store live here.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default sqlite:///<data_dir>/diarist.sqlite3.")
+    broker_url: str | None = Field(None, description="Celery broker; default memory:// embedded, else redis://localhost:6379/0.")
+    events_url: str | None = Field(None, description="Redis URL for job events (SSE); default the broker if redis, else in-process.")
+
+    # -- object store ---------------------------------------------------------------------------------
+    storage: Literal["local", "s3"] = "local"
+    storage_dir: Path | None = Field(None, description="Local backend root; default <data_dir>/objects.")
+    s3_bucket: str = "diarist"
+    s3_endpoint_url: str | None = Field(None, description="Any S3-compatible endpoint (MinIO); None = AWS.")
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    s3_prefix: str = ""
+    s3_create_bucket: bool = Field(False, description="Create the bucket at start if it does not exist.")
+
+    # -- engine ---------------------------------------------------------------------------------------
+    model: str = Field("whisper", description="Engine model family loaded by the engine (EngineConfig.model).")
+    model_path: str | None = Field(None, description="Checkpoint dir; None = the bundled tiny.en.")
+    served_models: list[str] = Field(["whisper", "whisper-1", "tiny.en"],
+                                     description="Names accepted in the `model` request field; others get 422.")
+    device: str = "cpu"
+    engine_url: str = Field("http://127.0.0.1:8100", description="The engine server workers talk to (non-embedded).")
+    engine_host: str = "127.0.0.1"
+    engine_port: int = 8100
+    engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
+    engine_max_running_requests: int = 64
+    engine_kv_budget_bytes: int | None = None
+
+    # -- queues and workers ---------------------------------------------------------------------------
+    long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
+    short_concurrency: int = 4
+    long_concurrency: int = 2
+    webhook_concurrency: int = 4
+    engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
+    engine_retry_delay_s: float = 2.0
+    visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
+
+    # -- API and limits -------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    auth: bool | None = Field(None, description="Bearer API keys; None = on, except in embedded mode.")
+    max_upload_bytes: int = Field(2 * 1024**3, description="Larger uploads or downloads get 413.")
+    max_duration_s: float = Field(5400.0, description="Longer audio gets 422 too_long (90 min).")
+    min_duration_s: float = Field(0.1, description="Shorter audio gets 422 too_short.")
+    url_fetch_timeout_s: float = 60.0
+    sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result.")
+    page_size_max: int = 200
+
+    # -- webhooks -------------------------------------------------------------------------------------
+    webhook_timeout_s: float = 10.0
+    webhook_max_attempts: int = 6
+    webhook_backoff_s: float = Field(5.0, description="First retry delay; doubles each attempt.")
+    webhook_backoff_max_s: float = 600.0
+    webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
+    webhook_allow_hosts: list[str] = Field(
+        [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return (not self.embedded) if self.auth is None else self.auth
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'diarist.sqlite3').resolve()}"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or ("memory://localhost/" if self.embedded else "redis://localhost:6379/0")
+
+    @property
+    def objects_dir(self) -> Path:
+        return self.storage_dir or (self.data_dir / "objects")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read from the environment once."""
+    return Settings()

@@ -1,0 +1,197 @@
+"""Object store for uploaded audio and transcripts: a local directory or any S3-compatible bucket.
+
+Keys are ``/``-separated relative paths (``jobs/<id>/audio``). Writes stream from a file object in chunks,
+so a 1 GB upload never sits in memory; reads hand back a local file path (the worker decodes from disk).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+CHUNK = 1 << 20
+
+
+class ObjectNotFound(KeyError):
+    """The key does not exist in the store."""
+
+
+class ObjectStore(Protocol):
+    """What the API and the workers need from a store."""
+
+    def put_file(self, key: str, fileobj: BinaryIO) -> int:
+        """Stream ``fileobj`` (from its current position) to ``key``; returns the bytes written."""
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Store a small object (a transcript)."""
+
+    def get_bytes(self, key: str) -> bytes:
+        """Raises ObjectNotFound."""
+
+    def local_path(self, key: str) -> AbstractContextManager[Path]:
+        """Context manager yielding a local file path holding the object. Raises ObjectNotFound."""
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many. Missing is not an error."""
+
+    def ping(self) -> None:
+        """Raises when the store cannot be reached."""
+
+
+def _check_key(key: str) -> str:
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"invalid object key: {key!r}")
+    return key
+
+
+class LocalStore:
+    """Objects as files under ``root`` (embedded mode, single-host deployments)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        return self.root / _check_key(key)
+
+    def put_file(self, key: str, fileobj: BinaryIO) -> int:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so a reader never sees a half-written object.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                shutil.copyfileobj(fileobj, out, CHUNK)
+                size = out.tell()
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return size
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        import io
+
+        self.put_file(key, io.BytesIO(data))
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+
+    @contextmanager
+    def local_path(self, key: str) -> Iterator[Path]:
+        path = self._path(key)
+        if not path.is_file():
+            raise ObjectNotFound(key)
+        yield path
+
+    def delete_prefix(self, prefix: str) -> int:
+        base = self._path(prefix.rstrip("/"))
+        if base.is_file():
+            base.unlink()
+            return 1
+        if not base.is_dir():
+            return 0
+        n = sum(1 for p in base.rglob("*") if p.is_file())
+        shutil.rmtree(base, ignore_errors=True)
+        return n
+
+    def ping(self) -> None:
+        if not os.access(self.root, os.W_OK):
+            raise OSError(f"object store directory is not writable: {self.root}")
+
+
+class S3Store:
+    """Objects in an S3 bucket through boto3 (AWS, MinIO, moto, any S3-compatible endpoint)."""
+
+    def __init__(self, bucket: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 access_key_id: str | None = None, secret_access_key: str | None = None, prefix: str = "",
+                 create_bucket: bool = False) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.client = boto3.client(
+            "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
+            aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}))
+        if create_bucket:
+            self._ensure_bucket()
+
+    def _ensure_bucket(self) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + _check_key(key)
+
+    def put_file(self, key: str, fileobj: BinaryIO) -> int:
+        start = fileobj.tell() if fileobj.seekable() else 0
+        # upload_fileobj does a multipart upload in 8 MiB parts for large files (bounded memory).
+        self.client.upload_fileobj(fileobj, self.bucket, self._key(key))
+        if fileobj.seekable():
+            return fileobj.tell() - start
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        return int(head["ContentLength"])
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def get_bytes(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise ObjectNotFound(key) from None
+            raise
+
+    @contextmanager
+    def local_path(self, key: str) -> Iterator[Path]:
+        from botocore.exceptions import ClientError
+
+        with tempfile.TemporaryDirectory(prefix="diarist-") as d:
+            path = Path(d) / "object"
+            try:
+                self.client.download_file(self.bucket, self._key(key), str(path))
+            except ClientError as e:
+                if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    raise ObjectNotFound(key) from None
+                raise
+            yield path
+
+    def delete_prefix(self, prefix: str) -> int:
+        n = 0
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix.rstrip("/"))):
+            objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if objs:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objs, "Quiet": True})
+                n += len(objs)
+        return n
+
+    def ping(self) -> None:
+        self.client.head_bucket(Bucket=self.bucket)
+
+
+def make_store(settings) -> ObjectStore:  # noqa: ANN001 - diarist.settings.Settings
+    """The store named by ``settings.storage``."""
+    if settings.storage == "s3":
+        return S3Store(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
+                       access_key_id=settings.s3_access_key_id, secret_access_key=settings.s3_secret_access_key,
+                       prefix=settings.s3_prefix, create_bucket=settings.s3_create_bucket)
+    return LocalStore(settings.objects_dir)

@@ -1,0 +1,70 @@
+"""The Celery application: queues by duration class, crash-safe delivery settings, the dispatcher.
+
+Delivery guarantees (DESIGN.md §5): ``acks_late`` (a message is acknowledged only after its task ends),
+``reject_on_worker_lost`` (a killed worker's message goes back to the queue), ``prefetch_multiplier=1``
+(a worker holds at most one waiting message per slot), and a Redis visibility timeout above the longest
+job. Tasks are idempotent against the job row, so a redelivered message never completes a job twice.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from diarist.settings import Settings
+from worker import routing
+
+app = Celery("diarist", include=["worker.tasks"])
+
+
+def configure(settings: Settings, celery: Celery = app) -> Celery:
+    """Point the app at ``settings``' broker and apply the delivery settings. Returns the app."""
+    transport_options: dict = {"visibility_timeout": settings.visibility_timeout_s}
+    if settings.broker.startswith("memory://"):
+        # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
+        transport_options = {"polling_interval": 0.01}
+    celery.conf.update(
+        broker_url=settings.broker,
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        task_queues=[Queue(q, routing_key=q) for q in routing.QUEUES],
+        task_default_queue=routing.SHORT,
+        task_routes={"diarist.deliver_webhook": {"queue": routing.WEBHOOKS}},
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        worker_send_task_events=False,
+        task_create_missing_queues=True,
+        timezone="UTC",
+    )
+    # Retries (self.retry) build their message through current_app; make it this app in every thread.
+    celery.set_default()
+    return celery
+
+
+class CeleryDispatcher:
+    """:class:`diarist.services.Dispatcher` over Celery: routes a job by duration and enqueues it."""
+
+    def __init__(self, settings: Settings, celery: Celery = app) -> None:
+        self.settings = settings
+        self.celery = celery
+
+    def queue_for(self, duration_s: float | None) -> str:
+        return routing.queue_for(duration_s, self.settings.long_threshold_s)
+
+    def transcribe(self, job_id: str, queue: str) -> None:
+        self.celery.send_task("diarist.transcribe", args=[job_id], queue=queue, routing_key=queue)
+
+    def webhook(self, job_id: str, event: str, message_id: str, countdown: float = 0.0) -> None:
+        self.celery.send_task("diarist.deliver_webhook", args=[job_id, event, message_id],
+                              queue=routing.WEBHOOKS, routing_key=routing.WEBHOOKS, countdown=countdown or None)
+
+    def ping(self) -> None:
+        with self.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)

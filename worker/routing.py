@@ -1,0 +1,19 @@
+"""Queue names and routing by audio duration (DESIGN.md §1: duration classes)."""
+
+from __future__ import annotations
+
+SHORT = "transcribe.short"
+LONG = "transcribe.long"
+WEBHOOKS = "webhooks"
+QUEUES = (SHORT, LONG, WEBHOOKS)
+CLASSES = {"short": SHORT, "long": LONG, "webhooks": WEBHOOKS}
+
+
+def queue_for(duration_s: float | None, threshold_s: float) -> str:
+    """``transcribe.long`` for audio of at least ``threshold_s`` seconds, else ``transcribe.short``.
+
+    An unknown duration (``None``) goes to the long queue: it could be anything.
+    """
+    if duration_s is None or duration_s >= threshold_s:
+        return LONG
+    return SHORT

@@ -1,0 +1,113 @@
+"""Signed webhook delivery with retries and a delivery log (Standard Webhooks style).
+
+Headers (https://www.standardwebhooks.com/, the spec's "Signature scheme"): ``webhook-id`` (the message id,
+stable across retries, for receiver-side dedup), ``webhook-timestamp`` (Unix seconds), ``webhook-signature``
+= ``v1,`` + base64(HMAC-SHA256(key, f"{id}.{timestamp}.{body}")) where ``key`` is the base64-decoded part of
+the ``whsec_…`` secret. Body: ``{"type": "job.completed", "timestamp": ISO-8601, "data": {"id", "status",
+"error": {"code"} | null}}``. Retries: exponential backoff, bounded attempts, none after a 4xx other than
+408/429 (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from diarist.models import ApiKey, Job, WebhookDelivery
+from diarist.netguard import UnsafeURL, check_url
+from worker.runtime import Runtime
+
+RETRY_4XX = (408, 429)
+
+
+def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` header value for one message (``v1,<base64 HMAC-SHA256>``)."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(mac).decode()
+
+
+def verify(secret: str, headers: dict, body: bytes, tolerance_s: float = 300.0) -> bool:
+    """Receiver-side check (used by tests and documented for clients)."""
+    ts = int(headers["webhook-timestamp"])
+    if abs(time.time() - ts) > tolerance_s:
+        return False
+    expected = sign(secret, headers["webhook-id"], ts, body).split(",", 1)[1]
+    return any(hmac.compare_digest(expected, s.split(",", 1)[1])
+               for s in headers["webhook-signature"].split() if s.startswith("v1,"))
+
+
+@dataclass
+class Attempt:
+    """``state``: delivered | retry | failed; ``delay_s`` before the next attempt."""
+
+    state: str
+    status_code: int | None = None
+    delay_s: float = 0.0
+
+
+def _secret_for(rt: Runtime, owner_key: str) -> str:
+    svc = rt.services
+    if owner_key:
+        with svc.db.session() as s:
+            key = s.get(ApiKey, owner_key)
+            if key is not None:
+                return key.webhook_secret
+    if not svc.settings.webhook_secret:
+        raise RuntimeError("no webhook secret: set DIARIST_WEBHOOK_SECRET")
+    return svc.settings.webhook_secret
+
+
+def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int) -> Attempt:
+    """Make one delivery attempt and record it on the job."""
+    import httpx
+
+    svc, st = rt.services, rt.services.settings
+    with svc.db.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or not job.webhook_url:
+            return Attempt("failed")
+        url, owner = job.webhook_url, job.owner_key
+        data = {"id": job.id, "status": job.status,
+                "error": {"code": job.error_code} if job.error_code and job.status == "failed" else None}
+    body = json.dumps({"type": event, "timestamp": datetime.now(UTC).isoformat(), "data": data},
+                      separators=(",", ":")).encode()
+    ts = int(time.time())
+    headers = {"content-type": "application/json", "user-agent": "diarist-webhooks/1",
+               "webhook-id": message_id, "webhook-timestamp": str(ts),
+               "webhook-signature": sign(_secret_for(rt, owner), message_id, ts, body)}
+    code, error, t0 = None, None, time.perf_counter()
+    try:
+        check_url(url, st.webhook_allow_hosts)  # again at delivery: DNS may have changed since submit
+        r = httpx.post(url, content=body, headers=headers, timeout=st.webhook_timeout_s, follow_redirects=False)
+        code = r.status_code
+    except UnsafeURL as e:
+        error = f"{e.code}: {e.message}"
+    except httpx.HTTPError as e:
+        error = f"{type(e).__name__}: {e}"
+    elapsed = time.perf_counter() - t0
+
+    if code is not None and 200 <= code < 300:
+        result = Attempt("delivered", code)
+    elif error and error.startswith(("url_not_allowed", "invalid_url")):
+        result = Attempt("failed", code)
+    elif code is not None and 400 <= code < 500 and code not in RETRY_4XX:
+        result = Attempt("failed", code)
+    elif attempt >= st.webhook_max_attempts:
+        result = Attempt("failed", code)
+    else:
+        delay = min(st.webhook_backoff_s * 2 ** (attempt - 1), st.webhook_backoff_max_s)
+        result = Attempt("retry", code, delay)
+    with svc.db.session() as s:
+        job = s.get(Job, job_id)
+        if job is not None:  # deleted meanwhile: nothing to record on
+            s.add(WebhookDelivery(job_id=job_id, message_id=message_id, attempt=attempt, url=url, event=event,
+                                  status_code=code, error=error, duration_s=elapsed))
+            job.webhook_status_code = code
+            job.webhook_status = {"delivered": "delivered", "failed": "failed", "retry": "retrying"}[result.state]
+    return result
