@@ -1,0 +1,135 @@
+"""Load MOSS-Transcribe-Diarize from a local Hugging Face directory, or with random (dummy) weights.
+
+HF directory: ``config.json`` (``text_config``, ``audio_config``, ``audio_token_id``, ...), weights in
+``*.safetensors`` (one file, or shards listed by ``model.safetensors.index.json``), ``tokenizer.json``,
+optionally ``generation_config.json`` (EOS ids) and ``processor_config.json`` /
+``preprocessor_config.json`` (time-marker interval). Parameter names must be exactly the model's
+(683 tensors for the released checkpoint; ``lm_head.weight`` may be absent when tied).
+
+Dummy: any shape (default: the full 0.91 B model); ``EngineConfig.dummy_config`` is a ``config.json``-like
+dict (``text_config``/``audio_config`` overrides, plus ``init_std``), the tokenizer comes from
+``engine/assets/qwen3`` (see its NOTICE.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.loaders.ct2 import CheckpointError
+from engine.loaders.registry import LoadedModel, _dtype
+from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
+from engine.models.moss_td_prompt import read_marker_interval
+from engine.tokenizer import TextTokenizer
+
+ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "qwen3" / "moss_td_tokenizer.json"
+EOS_ID = 151645
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / n for n in names]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{path}: shards listed in the index are missing: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors files")
+    return files
+
+
+def _copy_weights(model: MossTDForConditionalGeneration, path: Path) -> None:
+    """Copy each checkpoint tensor into its parameter (one tensor in host memory at a time)."""
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.config.text.tie_word_embeddings
+    seen, unexpected = set(), []
+    for f in _weight_files(path):
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                if name == "lm_head.weight" and tied:
+                    continue
+                p = params.get(name)
+                if p is None:
+                    unexpected.append(name)
+                    continue
+                t = sf.get_tensor(name)
+                if tuple(t.shape) != tuple(p.shape):
+                    raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+                with torch.no_grad():
+                    p.copy_(t)
+                seen.add(name)
+    missing = [n for n in params if n not in seen and not (tied and n == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: missing {len(missing)} tensors {missing[:5]}, "
+                              f"unexpected {len(unexpected)} {unexpected[:5]}")
+
+
+def _init_random(model: MossTDForConditionalGeneration, seed: int, std: float, device: torch.device) -> None:
+    """N(0, std) matrices and embeddings, zero biases, unit norm weights (1-D ``weight`` tensors)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=g)
+
+
+def _eos_ids(path: Path | None) -> tuple[int, ...]:
+    gen = path / "generation_config.json" if path else None
+    if gen is not None and gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id", EOS_ID)
+        return tuple(eos) if isinstance(eos, list) else (int(eos),)
+    return (EOS_ID,)
+
+
+def load_moss_td(cfg: EngineConfig) -> LoadedModel:
+    """Build MOSS-TD on ``cfg.device`` in ``cfg.dtype`` (``device="meta"`` builds shapes only).
+
+    Raises:
+        CheckpointError: missing config/weights, wrong names or shapes. ValueError: unknown format.
+    """
+    path = Path(cfg.model_path) if cfg.model_path else None
+    fmt = cfg.load_format
+    if fmt == "auto":
+        fmt = "hf" if path is not None else "dummy"
+    if fmt == "hf":
+        if path is None or not (path / "config.json").is_file():
+            raise CheckpointError(f"{path}: no config.json (MOSS-TD needs a local Hugging Face directory)")
+        conf = json.loads((path / "config.json").read_text())
+    elif fmt == "dummy":
+        conf = dict(cfg.dummy_config)
+    else:
+        raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
+    mcfg = MossTDConfig.from_dict(conf)
+    device = torch.device(cfg.device)
+    with torch.device("meta"):
+        model = MossTDForConditionalGeneration(mcfg)
+    if device.type != "meta":
+        model = model.to_empty(device=device)
+        if mcfg.text.tie_word_embeddings:  # to_empty may replace the shared Parameter; re-tie
+            model.lm_head.weight = model.model.language_model.embed_tokens.weight
+        if fmt == "hf":
+            _copy_weights(model, path)
+        else:
+            _init_random(model, cfg.seed, float(conf.get("init_std", 0.02)), device)
+    model = model.to(dtype=_dtype(cfg.dtype)).eval()
+    tok_file = path / "tokenizer.json" if path is not None and (path / "tokenizer.json").is_file() else ASSET_TOKENIZER
+    info = {
+        "family": "moss-td", "path": str(path) if path else None, "format": fmt, "config": conf,
+        "name": path.name if path is not None else "moss-td-dummy",
+        "marker_every_s": read_marker_interval(path),
+        "eos_token_ids": _eos_ids(path),
+        "audio_token_id": mcfg.audio_token_id,
+    }
+    return LoadedModel(model=model, tokenizer=TextTokenizer(tok_file), info=info)

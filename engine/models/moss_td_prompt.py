@@ -1,0 +1,132 @@
+"""MOSS-TD prompt: ChatML with the audio span (``<|audio_pad|>`` tokens interleaved with time markers).
+
+Format (``shared/docs/moss_td.md`` §2; OpenMOSS ``processing_moss_transcribe_diarize.py`` and
+``inference_utils.py``, Apache-2.0): the rendered chat is ::
+
+    <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n
+    <|audio_start|><|audio_pad|><|audio_end|>\\n{instruction}<|im_end|>\\n<|im_start|>assistant\\n
+
+It is split at the single ``<|audio_pad|>``; the text before and after is encoded separately without
+special-token insertion, and the audio span goes between. The span has one ``<|audio_pad|>`` per audio
+token, ``(samples - 1) // 1280 + 1`` per 30 s window (1280 = hop 160 x conv stride 2 x merge 4, so
+12.5 tokens/s), and after every ``12.5 * every_s`` audio tokens the decimal digits of the elapsed whole
+seconds (absolute over the recording) as single digit tokens, for every multiple of ``every_s`` up to
+``int(N / 12.5)``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK_SAMPLES = 480_000
+SAMPLES_PER_TOKEN = 1280
+TOKENS_PER_SECOND = 12.5
+DEFAULT_MARKER_EVERY_S = 2
+AUDIO_PAD = "<|audio_pad|>"
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+# The released default instruction (OpenMOSS inference_utils.py DEFAULT_PROMPT, Apache-2.0). In English:
+# "Transcribe the audio; start each segment with its start timestamp and speaker ID ([S01], [S02], [S03]…),
+# then the speech, and end the segment with its end timestamp, so that each segment's span is clear."
+DEFAULT_INSTRUCTION = (
+    "请将音频转写为文本，每一段需以起始时间戳和说话人编号"
+    "（[S01]、[S02]、[S03]…）开头，正文为对应的语音内容，"
+    "并在段末标注结束时间戳，以清晰标明该段语音范围。"
+)
+
+
+def window_token_counts(num_samples: int) -> list[int]:
+    """Audio tokens of each 30 s window of a recording of ``num_samples`` 16 kHz samples
+    (``(samples - 1) // 1280 + 1`` each; a full window gives 375). Empty audio gives ``[]``."""
+    counts = []
+    for start in range(0, num_samples, CHUNK_SAMPLES):
+        n = min(CHUNK_SAMPLES, num_samples - start)
+        counts.append((n - 1) // SAMPLES_PER_TOKEN + 1)
+    return counts
+
+
+def audio_span_ids(num_audio: int, audio_id: int, digit_ids: list[int], every_s: int | None) -> list[int]:
+    """The audio span: ``num_audio`` copies of ``audio_id`` with time-marker digits inserted.
+
+    Args:
+        num_audio: audio tokens N of the whole recording.
+        audio_id: the ``<|audio_pad|>`` id (151671).
+        digit_ids: ids of the characters ``"0".."9"`` (15..24 for Qwen3).
+        every_s: marker interval in seconds; ``None`` or 0 disables markers.
+    Returns:
+        Token ids; exactly ``num_audio`` of them are ``audio_id``.
+    """
+    if not every_s or num_audio <= 0:
+        return [audio_id] * max(num_audio, 0)
+    per_marker = int(TOKENS_PER_SECOND * every_s)
+    duration = int(num_audio / TOKENS_PER_SECOND)
+    out: list[int] = []
+    used = 0
+    for sec in range(every_s, duration + 1, every_s):
+        upto = (sec // every_s) * per_marker
+        out.extend([audio_id] * (upto - used))
+        used = upto
+        out.extend(digit_ids[int(c)] for c in str(sec))
+    out.extend([audio_id] * (num_audio - used))
+    return out
+
+
+def render_chat(instruction: str | None = None) -> str:
+    """The rendered ChatML string with one ``<|audio_pad|>``; an empty instruction uses the default."""
+    text = (instruction or "").strip() or DEFAULT_INSTRUCTION
+    return (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+            f"<|audio_start|>{AUDIO_PAD}<|audio_end|>\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+@dataclass
+class MossPrompt:
+    """Prompt ids and the facts derived with them: ``num_audio`` pads, ``window_tokens`` per window."""
+
+    ids: list[int]
+    num_audio: int
+    window_tokens: list[int]
+
+
+def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
+                 marker_every_s: int | None = DEFAULT_MARKER_EVERY_S) -> MossPrompt:
+    """Prompt ids for a recording of ``num_samples`` 16 kHz samples.
+
+    ``tokenizer`` needs ``encode(text) -> ids`` (no special-token insertion; ChatML tokens are added tokens)
+    and ``token_to_id``. Raises ValueError when a digit is not one token or ``<|audio_pad|>`` is unknown.
+    """
+    audio_id = tokenizer.token_to_id(AUDIO_PAD)
+    if audio_id is None:
+        raise ValueError("the tokenizer has no <|audio_pad|> token (not a MOSS-TD tokenizer)")
+    digits = []
+    for d in "0123456789":
+        ids = tokenizer.encode(d)
+        if len(ids) != 1:
+            raise ValueError(f"digit {d!r} is not a single token: {ids}")
+        digits.append(ids[0])
+    before, after = render_chat(instruction).split(AUDIO_PAD)
+    counts = window_token_counts(num_samples)
+    n = sum(counts)
+    ids = tokenizer.encode(before) + audio_span_ids(n, audio_id, digits, marker_every_s) + tokenizer.encode(after)
+    return MossPrompt(ids=ids, num_audio=n, window_tokens=counts)
+
+
+def read_marker_interval(model_dir: str | Path | None) -> int:
+    """Time-marker interval (seconds) from the checkpoint's ``processor_config.json`` or
+    ``preprocessor_config.json`` (key ``time_marker_every_seconds``, top level or one level down);
+    0 when ``enable_time_marker`` is false; :data:`DEFAULT_MARKER_EVERY_S` (the processor code's default)
+    when absent."""
+    if model_dir is None:
+        return DEFAULT_MARKER_EVERY_S
+    for name in ("processor_config.json", "preprocessor_config.json"):
+        p = Path(model_dir) / name
+        if not p.is_file():
+            continue
+        data = json.loads(p.read_text())
+        for d in [data, *(v for v in data.values() if isinstance(v, dict))]:
+            if d.get("enable_time_marker") is False:
+                return 0
+            if "time_marker_every_seconds" in d:
+                return int(d["time_marker_every_seconds"])
+    return DEFAULT_MARKER_EVERY_S
