@@ -124,3 +124,14 @@ def test_verbose_json_has_openai_fields(t):
         assert set(TranscriptionSegment.model_fields) <= set(seg_json)
         assert (seg_json["id"], seg_json["start"], seg_json["end"], seg_json["text"], seg_json["speaker"]) == (
             seg.id, seg.start, seg.end, seg.text, seg.speaker)
+
+
+def test_schema_formats_and_eval_import_without_torch_or_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys, diarist.transcript, diarist.formats, diarist.evaluation, diarist.commands.eval; "
+            "print(sorted(m for m in ('torch', 'engine', 'jiwer', 'meeteval', 'pyannote') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"

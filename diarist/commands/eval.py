@@ -1,0 +1,175 @@
+"""`diarist eval DATA_DIR [--model ...] [--out report.json]`: score transcripts against references.
+
+Wire-up for the main CLI: ``add_parser(subparsers)`` registers the subcommand (its
+``func`` default is :func:`run`); ``main(argv)`` runs it standalone. The metric logic
+is in :mod:`diarist.evaluation` and :mod:`diarist.scoring`.
+
+Exit status: 0 when the run completed (per-item failures are in the report), 2 for
+a usage problem (missing data folder, no transcription pipeline, nothing to score).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from diarist.evaluation import TranscribeFn, evaluate
+
+DEFAULT_COLLARS = (0.0, 0.25)
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", help="folder of items laid out like ../shared/data (see MANIFEST.md)")
+    p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
+    p.add_argument("--model-path", default=None, help="checkpoint directory (default: the bundled model)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--out", default=None, help="write the JSON report to this file")
+    p.add_argument("--items", action="append", default=None, metavar="GLOB",
+                   help="only items whose id (folder/file) matches; repeatable")
+    p.add_argument("--collar", action="append", type=float, default=None, metavar="SECONDS",
+                   help="DER/JER collar on each side of reference boundaries; repeatable (default 0 and 0.25)")
+    p.add_argument("--hyp-dir", default=None,
+                   help="score saved engine results (<id with / as __>.json) instead of transcribing")
+    p.add_argument("--save-hyp", default=None, help="save each raw engine result in this folder")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``eval`` on an ``argparse`` subparsers object; returns the new parser."""
+    p = subparsers.add_parser("eval", help="transcribe a data folder and report WER/CER/cpWER/DER/JER/RTF",
+                              description=__doc__.splitlines()[0])
+    _add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def engine_transcribe_fn(model: str, model_path: str | None, device: str) -> TranscribeFn:
+    """Build ``transcribe_fn(path, multichannel=False) -> engine result`` on an in-process engine.
+
+    Imports torch and the engine (only here: the rest of ``diarist eval`` does not need them).
+    """
+    from engine import Engine, EngineConfig
+    from engine.transcriber import TranscribeOptions, Transcriber
+
+    transcriber = Transcriber(Engine(EngineConfig(model=model, model_path=model_path, device=device)))
+
+    def transcribe(path: Path, multichannel: bool = False) -> dict:
+        return transcriber.transcribe(str(path), TranscribeOptions(multichannel=multichannel))
+
+    return transcribe
+
+
+def replay_transcribe_fn(hyp_dir: str | Path, data_dir: str | Path) -> TranscribeFn:
+    """``transcribe_fn`` returning results saved by ``--save-hyp``; item ids are relative to ``data_dir``."""
+    hyp_dir, data_dir = Path(hyp_dir), Path(data_dir)
+
+    def replay(path: Path, **_hints: Any) -> dict:
+        name = Path(path).relative_to(data_dir).as_posix()
+        f = hyp_dir / (name.replace("/", "__") + ".json")
+        if not f.is_file():
+            raise FileNotFoundError(f"no saved result for {name} in {hyp_dir} (expected {f.name})")
+        return json.loads(f.read_text(encoding="utf-8"))
+
+    return replay
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _fmt(value: Any, pct: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}" if pct else f"{value:.3f}"
+
+
+def format_table(report: dict) -> str:
+    """A fixed-width summary: one line per item (rates in %), then the totals."""
+    cols = report["collars_s_each_side"]
+    head = f"{'item':48} {'dur_s':>6} {'rtf':>6} {'wer':>6} {'cer':>6} {'cpwer':>6} " + " ".join(
+        f"{'der' + format(c, 'g'):>7}" for c in cols) + f" {'spk':>5}  note"
+    lines = [head]
+    for r in report["items"]:
+        note = r.get("error") or "; ".join(r.get("reference_errors", []))
+        if r.get("expected_no_speech") and "error" not in r:
+            note = note or f"no speech expected: {r['hyp_words']} words, {r['hyp_speakers']} speakers"
+        spk = "-" if r.get("ref_speakers") is None else f"{r['ref_speakers']}/{r.get('hyp_speakers')}"
+        lines.append(f"{r['id'][:48]:48} {_fmt(r.get('duration'), False)[:6]:>6} {_fmt(r.get('rtf'), False):>6} "
+                     f"{_fmt(r.get('wer')):>6} {_fmt(r.get('cer')):>6} {_fmt(r.get('cpwer')):>6} "
+                     + " ".join(f"{_fmt(r.get(f'der_c{c:g}')):>7}" for c in cols) + f" {spk:>5}  {note}")
+    o = report["overall"]
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    lines.append(f"overall: {o['items']} items, {o['failed']} failed; WER {pct(o['wer'])}, CER {pct(o['cer'])}, "
+                 f"cpWER {pct(o['cpwer'])}, cpCER {pct(o['cpcer'])}, "
+                 + ", ".join(f"DER(c{c:g}) {pct(o[f'der_c{c:g}'])} (mean {pct(o[f'der_c{c:g}_mean'])})"
+                             for c in cols)
+                 + f"; speaker count within ±1: {o['speaker_count_within_1']}/{o['speaker_count_items']}; "
+                   f"RTF {_fmt(o['rtf'], False)}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> int:
+    """Run ``diarist eval`` for parsed ``args``; ``transcribe_fn`` overrides the pipeline (tests, callers)."""
+    data_dir = Path(args.data_dir)
+    if not data_dir.is_dir():
+        print(f"diarist eval: data directory not found: {data_dir}", file=sys.stderr)
+        return 2
+    timing = "wall"
+    if transcribe_fn is None:
+        if args.hyp_dir:
+            if not Path(args.hyp_dir).is_dir():
+                print(f"diarist eval: --hyp-dir not found: {args.hyp_dir}", file=sys.stderr)
+                return 2
+            transcribe_fn, timing = replay_transcribe_fn(args.hyp_dir, data_dir), "reported"
+        else:
+            try:
+                transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device)
+            except Exception as e:  # no model files, unknown family, no CUDA...: say so, no traceback
+                print(f"diarist eval: cannot start the {args.model!r} pipeline: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+                return 2
+    collars = tuple(args.collar) if args.collar else DEFAULT_COLLARS
+
+    def progress(rec: dict) -> None:
+        status = rec.get("error") or f"rtf {_fmt(rec.get('rtf'), False)}"
+        print(f"  {rec['id']}: {status}", file=sys.stderr, flush=True)
+
+    report = evaluate(data_dir, transcribe_fn, collars=collars, patterns=args.items, timing=timing,
+                      save_dir=args.save_hyp, on_item=progress)
+    if not report["items"]:
+        print(f"diarist eval: no items with reference files (.txt/.stm/.rttm beside the audio) in {data_dir}"
+              + (f" matching {args.items}" if args.items else ""), file=sys.stderr)
+        return 2
+    report = {"model": args.model, "model_path": args.model_path, "device": args.device,
+              "command": " ".join(shlex.quote(a) for a in sys.argv), "git_commit": _git_commit(),
+              "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report}
+    print(format_table(report))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"report written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point: ``python -m diarist.commands.eval DATA_DIR ...``."""
+    p = argparse.ArgumentParser(prog="diarist eval", description=__doc__.splitlines()[0])
+    _add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""`diarist eval`: transcribe every referenced recording of a data folder and score it.
+
+Layout (../shared/data/MANIFEST.md): one folder per item; references sit beside the
+audio: ``<stem>.txt`` (exact transcript; empty = no speech expected),
+``<stem>.APPROX.txt`` (approximate transcript: reported, left out of the totals),
+``<stem>.stm`` (speaker-attributed transcript), ``<stem>.rttm`` (speaker turns),
+``<stem>.ch<N>_<name>.txt`` (one speaker per channel: the item is run multichannel).
+Several audio files may share one reference (``jfk.flac``/``jfk.mp3`` -> ``jfk.txt``,
+``yes_1000ms.wav`` -> ``yes.txt``): a reference named after the longest prefix of the
+audio stem cut at ``.`` or ``_`` is used. Audio without any reference is skipped.
+
+Metrics and their definitions are in :mod:`diarist.scoring`. RTF = processing seconds
+(wall time of ``transcribe_fn``, or the result's ``metrics.processing_s`` when
+replaying saved results) / audio seconds. Totals pool errors over items (sum of errors
+/ sum of reference lengths); DER and JER are also given as the mean over items.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diarist import scoring
+from diarist.transcript import Transcript
+
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".opus", ".mp4", ".webm", ".aac", ".mka", ".mkv"}
+TranscribeFn = Callable[..., dict]
+
+
+@dataclass
+class Item:
+    """One recording and the reference files that apply to it (paths may be ``None``)."""
+
+    id: str
+    audio: Path
+    txt: Path | None = None
+    approximate: bool = False
+    stm: Path | None = None
+    rttm: Path | None = None
+    channel_txts: list[Path] = field(default_factory=list)
+
+    @property
+    def hints(self) -> dict[str, Any]:
+        """Keyword hints passed to ``transcribe_fn`` (``multichannel=True`` for per-channel references)."""
+        return {"multichannel": True} if self.channel_txts else {}
+
+
+def _prefixes(stem: str) -> list[str]:
+    """The stem, then shorter prefixes cut before each ``.`` or ``_`` (longest first)."""
+    cuts = [m.start() for m in re.finditer(r"[._]", stem)]
+    return [stem] + [stem[:i] for i in reversed(cuts) if i > 0]
+
+
+def _find(directory: Path, stem: str, suffixes: tuple[str, ...]) -> tuple[Path | None, str | None]:
+    for prefix in _prefixes(stem):
+        for suffix in suffixes:
+            p = directory / f"{prefix}{suffix}"
+            if p.is_file():
+                return p, suffix
+    return None, None
+
+
+def discover(data_dir: Path) -> tuple[list[Item], list[str]]:
+    """Find the items of ``data_dir``; returns ``(items with references, ids of audio without)``."""
+    items, skipped = [], []
+    for audio in sorted(p for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS):
+        item_id = audio.relative_to(data_dir).as_posix()
+        txt, suffix = _find(audio.parent, audio.stem, (".txt", ".APPROX.txt"))
+        stm, _ = _find(audio.parent, audio.stem, (".stm",))
+        rttm, _ = _find(audio.parent, audio.stem, (".rttm",))
+        channels = []
+        for prefix in _prefixes(audio.stem):
+            channels = sorted(audio.parent.glob(f"{glob_escape(prefix)}.ch[0-9]*.txt"))
+            if channels:
+                break
+        item = Item(item_id, audio, txt, suffix == ".APPROX.txt", stm, rttm, channels)
+        if txt or stm or rttm:
+            items.append(item)
+        else:
+            skipped.append(item_id)
+    return items, skipped
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+@dataclass
+class References:
+    text: str | None = None
+    stm: Any = None  # meeteval.io.STM, one session
+    rttm: Any = None  # pyannote.core.Annotation
+    errors: list[str] = field(default_factory=list)
+
+
+def _pick(by_name: dict, audio_stem: str, path: Path, kind: str) -> Any:
+    for prefix in _prefixes(audio_stem):
+        if prefix in by_name:
+            return by_name[prefix]
+    if len(by_name) == 1:
+        return next(iter(by_name.values()))
+    raise scoring.ReferenceFileError(
+        f"{kind} file {path} has recordings {sorted(by_name)} but none named after the audio {audio_stem!r}")
+
+
+def load_references(item: Item) -> References:
+    """Read the item's reference files; problems are collected as messages in ``errors``, never raised."""
+    refs = References()
+    stem = item.audio.stem
+    if item.txt is not None:
+        try:
+            refs.text = item.txt.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            refs.errors.append(f"cannot read transcript {item.txt}: {e}")
+    if item.stm is not None:
+        try:
+            from meeteval.io import STM
+
+            stm = STM.load(item.stm)
+            sessions = {name: STM([line for line in stm.lines if line.filename == name])
+                        for name in dict.fromkeys(line.filename for line in stm.lines)}
+            if not sessions:
+                raise scoring.ReferenceFileError(f"STM file {item.stm} has no segments")
+            refs.stm = _pick(sessions, stem, item.stm, "STM")
+        except scoring.ReferenceFileError as e:
+            refs.errors.append(str(e))
+        except Exception as e:  # meeteval raises assorted errors for malformed lines
+            refs.errors.append(f"cannot parse STM file {item.stm}: {type(e).__name__}: {e}")
+    if item.rttm is not None:
+        try:
+            from pyannote.core import Annotation
+            from pyannote.database.util import load_rttm
+
+            if not item.rttm.read_text(encoding="utf-8").strip():
+                refs.rttm = Annotation(uri=stem)  # an empty RTTM says: nobody speaks
+            else:
+                refs.rttm = _pick(load_rttm(item.rttm), stem, item.rttm, "RTTM")
+        except scoring.ReferenceFileError as e:
+            refs.errors.append(str(e))
+        except Exception as e:  # pandas/pyannote raise assorted errors for malformed lines
+            refs.errors.append(f"cannot parse RTTM file {item.rttm} (expected 10 fields 'SPEAKER <file-id> 1 "
+                               f"<start> <dur> <NA> <NA> <speaker> <NA> <NA>'): {type(e).__name__}: {e}")
+    return refs
+
+
+def _stm_text(stm: Any) -> str:
+    return " ".join(line.transcript for line in sorted(stm.lines, key=lambda x: float(x.begin_time)))
+
+
+def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> dict[str, Any]:
+    """All metrics of one transcript against its loaded references (see module docstring).
+
+    A reference that loaded but cannot be scored adds a message to ``reference_errors``;
+    the other metrics are still computed.
+    """
+    rec: dict[str, Any] = {}
+    problems: list[str] = []
+
+    def attempt(name: str, fn: Callable[[], dict]) -> bool:
+        try:
+            rec.update(fn())
+            return True
+        except Exception as e:  # e.g. an STM whose text normalises to nothing
+            problems.append(f"{name} scoring failed: {type(e).__name__}: {e}")
+            return False
+
+    ref_text = refs.text if refs.text is not None else (_stm_text(refs.stm) if refs.stm is not None else None)
+    ref_speakers = None
+    if ref_text is not None:
+        if not scoring.normalize_text(ref_text):
+            rec["expected_no_speech"] = True
+            rec["hyp_words"] = len(scoring.normalize_text(t.text).split())
+            ref_speakers = 0
+        else:
+            attempt("WER/CER", lambda: scoring.text_errors(ref_text, t.text))
+    if refs.stm is not None and attempt("cpWER", lambda: scoring.cp_errors(refs.stm, t)):
+        ref_speakers = len({line.speaker_id for line in refs.stm.lines})
+    if refs.rttm is not None and attempt("DER", lambda: scoring.diarization_errors(refs.rttm, t, collars)):
+        ref_speakers = len(refs.rttm.labels())
+    rec["ref_speakers"] = ref_speakers
+    rec["hyp_speakers"] = len(t.speakers)
+    rec["speaker_count_error"] = None if ref_speakers is None else len(t.speakers) - ref_speakers
+    if problems:
+        rec["reference_errors"] = problems
+    return rec
+
+
+def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tuple[float, ...] = (0.0, 0.25),
+             patterns: list[str] | None = None, timing: str = "wall", save_dir: str | Path | None = None,
+             on_item: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Transcribe and score every referenced item of ``data_dir``; returns the report dict.
+
+    ``transcribe_fn(path, **hints) -> engine result dict`` (see
+    :meth:`Transcript.from_engine`); ``hints`` is ``{"multichannel": True}`` for items
+    with per-channel references, else empty. ``patterns``: fnmatch globs on item ids
+    (``"en_ami*"``). ``timing``: ``"wall"`` (measure ``transcribe_fn``) or
+    ``"reported"`` (use ``result["metrics"]["processing_s"]``). ``save_dir``: write
+    each raw result as ``<item id with / -> __>.json`` for later re-scoring.
+    Failures (reference, transcription, invalid result) are recorded per item as
+    messages. Raises ``FileNotFoundError`` if ``data_dir`` is not a directory.
+    """
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data directory not found: {data_dir}")
+    items, skipped = discover(data_dir)
+    if patterns:
+        items = [i for i in items if any(fnmatch.fnmatch(i.id, p) for p in patterns)]
+    records = []
+    for item in items:
+        rec = _run_item(item, transcribe_fn, collars, timing, save_dir)
+        records.append(rec)
+        if on_item:
+            on_item(rec)
+    return {"data_dir": str(data_dir), "collars_s_each_side": list(collars), "definitions": DEFINITIONS,
+            "overall": aggregate(records, collars), "items": records, "skipped_no_reference": skipped}
+
+
+def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...], timing: str,
+              save_dir: str | Path | None) -> dict[str, Any]:
+    rec: dict[str, Any] = {"id": item.id, "references": {k: str(v) for k, v in
+                           (("txt", item.txt), ("stm", item.stm), ("rttm", item.rttm)) if v is not None}}
+    if item.approximate:
+        rec["approximate_reference"] = True
+    refs = load_references(item)
+    if refs.errors:
+        rec["reference_errors"] = list(refs.errors)
+    if refs.text is None and refs.stm is None and refs.rttm is None:
+        rec["error"] = "no usable reference file: " + "; ".join(refs.errors)
+        return rec
+    t0 = time.perf_counter()
+    try:
+        result = transcribe_fn(item.audio, **item.hints)
+        wall = time.perf_counter() - t0
+        t = Transcript.from_engine(result)
+    except Exception as e:  # one bad item must not end the run; the message goes in the report
+        rec["error"] = f"{type(e).__name__}: {e}"
+        return rec
+    if save_dir is not None:
+        Path(save_dir).mkdir(parents=True, exist_ok=True)
+        (Path(save_dir) / (item.id.replace("/", "__") + ".json")).write_text(json.dumps(result, default=str))
+    processing = wall if timing == "wall" else (result.get("metrics") or {}).get("processing_s")
+    rec.update(duration=t.duration, processing_s=processing,
+               rtf=processing / t.duration if processing is not None and t.duration > 0 else None,
+               finish_reason=t.finish_reason, coverage=t.coverage, no_speech=t.no_speech, model=t.model)
+    scored = score_item(refs, t, collars)
+    if problems := scored.pop("reference_errors", None):
+        rec.setdefault("reference_errors", []).extend(problems)
+    rec.update(scored)
+    return rec
+
+
+DEFINITIONS = {
+    "normalisation": "NFKC, lowercase, [..]/<..> tags removed, apostrophes deleted, other punctuation -> space, "
+                     "whitespace collapsed; zh/ja scored on characters without spaces (no WER)",
+    "wer_cer": "jiwer; totals pool errors / reference length over items with exact references",
+    "cpwer_cpcer": "meeteval cpwer on normalised words / single characters, where an .stm exists",
+    "der_jer": "pyannote.metrics, skip_overlap=False, UEM [0, duration]; der_cX/jer_cX: collar X s on each "
+               "side of reference boundaries (md-eval -c X; pyannote collar=2X); hypothesis = segment turns",
+    "rtf": "processing seconds / audio seconds",
+    "speaker_count_error": "hypothesis speakers - reference speakers (RTTM labels, else STM speakers, "
+                           "else 0 for an empty transcript)",
+}
+
+
+def _pool(records: list[dict], err: str, n: str) -> float | None:
+    rows = [r for r in records if r.get(err) is not None and not r.get("approximate_reference")]
+    total = sum(r[n] for r in rows)
+    return sum(r[err] for r in rows) / total if total else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def aggregate(records: list[dict], collars: tuple[float, ...] = (0.0, 0.25)) -> dict[str, Any]:
+    """Totals over item records (pooled rates, means, counts); see module docstring."""
+    ok = [r for r in records if "error" not in r]
+    out: dict[str, Any] = {"items": len(records), "failed": len(records) - len(ok),
+                           "wer": _pool(ok, "wer_errors", "ref_words"), "cer": _pool(ok, "cer_errors", "ref_chars"),
+                           "cpwer": _pool(ok, "cpwer_errors", "cp_ref_words"),
+                           "cpcer": _pool(ok, "cpcer_errors", "cp_ref_chars")}
+    for c in collars:
+        key = f"c{c:g}"
+        details = [r[f"der_{key}_detail"] for r in ok if r.get(f"der_{key}") is not None]
+        total = sum(d["total"] for d in details)
+        out[f"der_{key}"] = (sum(d["missed"] + d["false_alarm"] + d["confusion"] for d in details) / total
+                             if total else None)
+        out[f"der_{key}_mean"] = _mean([r[f"der_{key}"] for r in ok if r.get(f"der_{key}") is not None])
+        out[f"jer_{key}_mean"] = _mean([r[f"jer_{key}"] for r in ok if r.get(f"jer_{key}") is not None])
+    errs = [abs(r["speaker_count_error"]) for r in ok if r.get("speaker_count_error") is not None]
+    out.update(speaker_count_items=len(errs), speaker_count_abs_error_mean=_mean(errs),
+               speaker_count_within_1=sum(e <= 1 for e in errs))
+    silent = [r for r in ok if r.get("expected_no_speech")]
+    out.update(no_speech_items=len(silent), no_speech_items_with_words=sum(r["hyp_words"] > 0 for r in silent),
+               no_speech_items_with_speakers=sum(r["hyp_speakers"] > 0 for r in silent))
+    timed = [r for r in ok if r.get("processing_s") is not None]
+    audio = sum(r["duration"] for r in timed)
+    out.update(audio_s=audio, processing_s=sum(r["processing_s"] for r in timed),
+               rtf=sum(r["processing_s"] for r in timed) / audio if audio else None)
+    return out

@@ -1,0 +1,163 @@
+"""Accuracy metrics for one recording: WER/CER (jiwer), cpWER/cpCER (meeteval), DER/JER (pyannote.metrics).
+
+Text normalisation (applied to reference and hypothesis alike, :func:`normalize_text`):
+Unicode NFKC, lowercase, bracketed/angle-bracketed event tags removed (``[laugh]``,
+``<noise>``), apostrophes deleted (``don't`` -> ``dont``), every other Unicode
+punctuation character (category P*) replaced by a space, whitespace collapsed. No
+number or spelling normalisation (``Mr.`` vs ``MISTER`` counts as an error).
+
+Texts whose reference is mostly Han/Hiragana/Katakana (zh, ja) are scored on
+characters with all whitespace removed (CER); WER is not defined for them. For other
+texts CER is jiwer's character error rate on the normalised text (spaces included).
+cpCER is cpWER computed on single characters (whitespace removed).
+
+DER/JER: ``collar`` here is the NIST md-eval forgiveness collar, seconds on *each*
+side of every reference boundary (``md-eval -c 0.25``); pyannote.metrics' ``collar``
+is the total width, so we pass ``2 * collar``. Overlapped speech is scored
+(``skip_overlap=False``). The scored region (UEM) is ``[0, duration]``.
+
+Heavy libraries are imported inside the functions so that importing diarist stays cheap.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any
+
+from diarist.transcript import Transcript
+
+_TAG = re.compile(r"\[[^\]]*\]|<[^>]*>")
+_APOSTROPHES = re.compile(r"['\u2019\u02bc]")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+class ReferenceFileError(ValueError):
+    """A reference file is missing, unreadable or inconsistent; the message says which and why."""
+
+
+def normalize_text(text: str) -> str:
+    """Normalise a transcript for WER/CER (rules in the module docstring)."""
+    text = _TAG.sub(" ", unicodedata.normalize("NFKC", text).lower())
+    text = _APOSTROPHES.sub("", text)
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text)
+    return " ".join(text.split())
+
+
+def is_cjk(text: str) -> bool:
+    """True when at least half the non-space characters are Han or kana (score by characters)."""
+    chars = [c for c in text if not c.isspace()]
+    return bool(chars) and sum(bool(_CJK.match(c)) for c in chars) * 2 >= len(chars)
+
+
+def _chars(text: str) -> str:
+    return " ".join(c for c in text if not c.isspace())
+
+
+def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
+    """WER and CER of ``hypothesis`` against a non-empty ``reference`` (both raw text).
+
+    Returns ``{wer, wer_errors, ref_words, cer, cer_errors, ref_chars, scoring}`` where
+    ``scoring`` is ``"words"`` or ``"chars"`` (zh/ja); WER fields are ``None`` for chars.
+    Raises ``ReferenceFileError`` if the reference is empty after normalisation.
+    """
+    import jiwer
+
+    ref, hyp = normalize_text(reference), normalize_text(hypothesis)
+    if not ref:
+        raise ReferenceFileError("reference text is empty after normalisation")
+    out: dict[str, Any] = {"wer": None, "wer_errors": None, "ref_words": None}
+    cjk = is_cjk(ref)
+    if cjk:
+        ref_c, hyp_c = ref.replace(" ", ""), hyp.replace(" ", "")
+    else:
+        ref_c, hyp_c = ref, hyp
+        w = jiwer.process_words(ref, hyp)
+        errors = w.substitutions + w.deletions + w.insertions
+        n = w.substitutions + w.deletions + w.hits
+        out.update(wer=errors / n, wer_errors=errors, ref_words=n)
+    c = jiwer.process_characters(ref_c, hyp_c)
+    errors = c.substitutions + c.deletions + c.insertions
+    n = c.substitutions + c.deletions + c.hits
+    out.update(cer=errors / n, cer_errors=errors, ref_chars=n, scoring="chars" if cjk else "words")
+    return out
+
+
+def cp_errors(reference_stm: Any, transcript: Transcript) -> dict[str, Any]:
+    """cpWER and cpCER (meeteval) of the transcript's speaker segments against an STM reference.
+
+    ``reference_stm`` is a ``meeteval.io.STM`` holding one session. Returns ``{cpwer,
+    cpwer_errors, cp_ref_words, cpcer, cpcer_errors, cp_ref_chars}`` (cpWER fields
+    ``None`` for zh/ja references, scored by characters only).
+    """
+    import meeteval
+    from meeteval.io import SegLST
+
+    ref_lines = reference_stm.to_seglst()
+    session = ref_lines[0]["session_id"]
+    ref_norm = " ".join(normalize_text(r["words"]) for r in ref_lines)
+    if not ref_norm.strip():
+        raise ReferenceFileError("the STM reference has no words after normalisation")
+    cjk = is_cjk(ref_norm)
+
+    def seglst(items, char_level):
+        rows = []
+        for spk, start, end, text in items:
+            norm = normalize_text(text)
+            rows.append({"session_id": session, "speaker": spk, "start_time": float(start),
+                         "end_time": float(end), "words": _chars(norm) if char_level else norm})
+        if not rows:  # meeteval treats a missing session as a system failure, not as silence
+            rows.append({"session_id": session, "speaker": "none", "start_time": 0.0, "end_time": 0.0,
+                         "words": ""})
+        return SegLST(rows)
+
+    ref_items = [(r["speaker"], r["start_time"], r["end_time"], r["words"]) for r in ref_lines]
+    hyp_items = [(s.speaker or "unknown", s.start, s.end, s.text) for s in transcript.segments]
+    out: dict[str, Any] = {"cpwer": None, "cpwer_errors": None, "cp_ref_words": None}
+    if not cjk:
+        r = meeteval.wer.cpwer(seglst(ref_items, False), seglst(hyp_items, False))[session]
+        out.update(cpwer=float(r.error_rate), cpwer_errors=int(r.errors), cp_ref_words=int(r.length))
+    r = meeteval.wer.cpwer(seglst(ref_items, True), seglst(hyp_items, True))[session]
+    out.update(cpcer=float(r.error_rate), cpcer_errors=int(r.errors), cp_ref_chars=int(r.length))
+    return out
+
+
+def hypothesis_annotation(transcript: Transcript, uri: str) -> Any:
+    """Speaker turns of the transcript as a pyannote ``Annotation`` (the same turns RTTM export writes)."""
+    from pyannote.core import Annotation, Segment
+
+    ann = Annotation(uri=uri)
+    for i, s in enumerate(transcript.segments):
+        if s.end > s.start:
+            ann[Segment(s.start, s.end), i] = s.speaker or "unknown"
+    return ann
+
+
+def diarization_errors(reference: Any, transcript: Transcript, collars: tuple[float, ...] = (0.0, 0.25)
+                       ) -> dict[str, Any]:
+    """DER and JER of the transcript's turns against a reference ``pyannote.core.Annotation``.
+
+    For every ``c`` in ``collars`` (seconds each side, md-eval convention) returns keys
+    ``der_c{c}``, ``jer_c{c}`` and the DER components in seconds ``der_c{c}_detail``
+    ``{missed, false_alarm, confusion, total}``. Rates are ``None`` when the scored
+    reference speech is empty.
+    """
+    from pyannote.core import Segment, Timeline
+    from pyannote.metrics.diarization import DiarizationErrorRate, JaccardErrorRate
+
+    hyp = hypothesis_annotation(transcript, reference.uri or "audio")
+    end = max(transcript.duration, reference.get_timeline().extent().end if reference else 0.0)
+    uem = Timeline([Segment(0.0, end)]) if end > 0 else None
+    out: dict[str, Any] = {}
+    for c in collars:
+        key = f"c{c:g}"
+        if uem is None or not reference:
+            out[f"der_{key}"] = out[f"jer_{key}"] = None
+            continue
+        d = DiarizationErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem, detailed=True)
+        total = d["total"]
+        out[f"der_{key}"] = d["diarization error rate"] if total > 0 else None
+        out[f"der_{key}_detail"] = {"missed": d["missed detection"], "false_alarm": d["false alarm"],
+                                    "confusion": d["confusion"], "total": total}
+        out[f"jer_{key}"] = float(JaccardErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem))
+    return out

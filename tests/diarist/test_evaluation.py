@@ -1,0 +1,240 @@
+"""`diarist eval` metric plumbing with fake transcribers built from the references themselves.
+
+Perfect hypotheses must score 0; a perturbed one must give the DER/JER/WER/CER/cpWER
+values computed by hand in the comments.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from diarist.commands import eval as eval_cmd
+from diarist.evaluation import discover, evaluate
+from diarist.scoring import normalize_text
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared test data not present")
+
+
+def engine_result(segments, duration):
+    return {"duration": duration, "language": "en", "model": "fake", "segments": segments,
+            "finish_reason": "stop", "coverage": None, "no_speech": not segments, "metrics": {}}
+
+
+def from_rttm(path, duration):
+    """Hypothesis whose turns are exactly the RTTM's (text is a placeholder)."""
+    segs = []
+    for line in path.read_text().splitlines():
+        f = line.split()
+        segs.append({"speaker": f[7], "start": float(f[3]), "end": float(f[3]) + float(f[4]), "text": "w"})
+    return engine_result(segs, duration)
+
+
+def from_stm(path, duration):
+    segs = []
+    for line in path.read_text().splitlines():
+        f = line.split(maxsplit=5)
+        segs.append({"speaker": f[2], "start": float(f[3]), "end": float(f[4]), "text": f[5]})
+    return engine_result(segs, duration)
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+
+@needs_data
+def test_discovery_matches_shared_references():
+    items, skipped = discover(DATA)
+    by = {i.id: i for i in items}
+    assert skipped == []
+    assert by["en_jfk_inaugural/jfk.mp3"].txt.name == "jfk.txt"
+    assert by["en_jfk_inaugural/jfk.derived_aac.m4a"].txt.name == "jfk.txt"
+    assert by["en_short_yes/yes_1000ms.derived_trim_0.15-0.90s.wav"].txt.name == "yes.txt"
+    assert by["en_timit_LDC93S1_16k_8k_44k-stereo/LDC93S1_pcms16le_2_44100.wav"].txt.name == "LDC93S1.txt"
+    assert by["multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3"].approximate
+    phone = by["en_2spk_phonecall_pyannote_sample/sample.wav"]
+    assert (phone.txt.name, phone.stm.name, phone.rttm.name) == ("sample.txt", "sample.stm", "sample.rttm")
+    stereo = by["en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.wav"]
+    assert stereo.hints == {"multichannel": True} and len(stereo.channel_txts) == 2
+    assert by["en_jfk_inaugural/jfk.flac"].hints == {}
+    assert len(items) == 31
+
+
+# --- perfect hypotheses on the shared data ---------------------------------------------------
+
+
+@needs_data
+def test_perfect_turns_give_zero_der_and_jer():
+    def fake(path, **hints):
+        rttm = next(Path(path).parent.glob("*.rttm"))
+        return from_rttm(rttm, 30.0 if "stereo" not in str(path) else 5.0)
+
+    report = evaluate(DATA, fake, patterns=["*/*.wav"], collars=(0.0, 0.25))
+    scored = [r for r in report["items"] if "der_c0" in r]
+    assert {r["id"].split("/")[0] for r in scored} == {
+        "en_2spk_phonecall_pyannote_sample", "en_ami_meeting_dev00_2spk", "en_ami_meeting_trn05_4spk",
+        "en_ami_meeting_trn07_4spk", "en_stereo_2spk_overlap_fasterwhisper"}
+    for r in scored:
+        assert r["der_c0"] == pytest.approx(0, abs=1e-9), r["id"]
+        assert r["der_c0.25"] == pytest.approx(0, abs=1e-9)
+        assert r["jer_c0"] == pytest.approx(0, abs=1e-9)
+        assert r["speaker_count_error"] == 0
+    assert report["overall"]["der_c0"] == pytest.approx(0, abs=1e-9)
+    assert report["overall"]["speaker_count_within_1"] == report["overall"]["speaker_count_items"] >= 5
+
+
+@needs_data
+def test_perfect_stm_hypothesis_gives_zero_word_errors():
+    item = DATA / "en_2spk_phonecall_pyannote_sample"
+    report = evaluate(DATA, lambda p, **h: from_stm(item / "sample.stm", 30.0), patterns=["en_2spk*"])
+    (r,) = report["items"]
+    assert r["wer"] == 0 and r["cer"] == 0 and r["cpwer"] == 0 and r["cpcer"] == 0
+    assert r["ref_words"] == len(normalize_text((item / "sample.txt").read_text()).split())
+    assert r["ref_speakers"] == 2 and r["hyp_speakers"] == 2
+    # DER against the real RTTM is not 0 (STM times differ from RTTM turns) but well defined
+    assert 0 < r["der_c0"] < 1 and r["der_c0.25"] <= r["der_c0"]
+
+
+@needs_data
+def test_no_speech_items_count_words_and_speakers():
+    def chatty(path, **hints):
+        return engine_result([{"speaker": 0, "start": 0.0, "end": 1.0, "text": "Thank you."}], 1.0)
+
+    report = evaluate(DATA, chatty, patterns=["silence_and_noise_1s_tflite/*"])
+    assert [r["hyp_words"] for r in report["items"]] == [2, 2]
+    assert all(r["expected_no_speech"] and r["speaker_count_error"] == 1 for r in report["items"])
+    assert report["overall"]["no_speech_items_with_words"] == 2
+
+
+# --- hand-computed values on a synthetic item -------------------------------------------------
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    d = tmp_path / "data" / "meet"
+    d.mkdir(parents=True)
+    (d / "m.wav").write_bytes(b"")  # never decoded: the fake transcriber ignores it
+    (d / "m.txt").write_text("One two, three four.\n")
+    (d / "m.stm").write_text("m 1 A 0.0 4.0 one two\nm 1 B 4.0 8.0 three four\n")
+    (d / "m.rttm").write_text("SPEAKER m 1 0.000 4.000 <NA> <NA> A <NA> <NA>\n"
+                              "SPEAKER m 1 4.000 4.000 <NA> <NA> B <NA> <NA>\n")
+    zh = tmp_path / "data" / "zh"
+    zh.mkdir()
+    (zh / "z.wav").write_bytes(b"")
+    (zh / "z.txt").write_text("广州市房地产中介协会分析\n")
+    return tmp_path / "data"
+
+
+def perturbed(path, **hints):
+    if Path(path).stem == "z":  # one substituted character of 12
+        return engine_result([{"speaker": 0, "start": 0.0, "end": 4.0, "text": "广州市 房地产中介协会分洗。"}], 4.3)
+    return engine_result([{"speaker": 7, "start": 0.0, "end": 5.0, "text": "one too"},
+                          {"speaker": 3, "start": 5.0, "end": 8.0, "text": "three four"},
+                          {"speaker": 3, "start": 9.5, "end": 10.0, "text": "five"}], 10.0)
+
+
+def test_hand_computed_values(synthetic):
+    report = evaluate(synthetic, perturbed, collars=(0.0, 0.25))
+    by = {r["id"]: r for r in report["items"]}
+    m = by["meet/m.wav"]
+    # ref A 0-4, B 4-8; hyp X 0-5, Y 5-8 + 9.5-10. Mapping X->A, Y->B.
+    # collar 0: confusion 4-5 (1 s) + false alarm 9.5-10 (0.5 s) over 8 s of reference = 0.1875
+    assert m["der_c0"] == pytest.approx(1.5 / 8)
+    assert m["der_c0_detail"] == pytest.approx({"missed": 0, "false_alarm": 0.5, "confusion": 1.0, "total": 8.0})
+    # collar 0.25 s each side of 0, 4, 8 removes 0.25 + 0.5 + 0.25 s of reference and 4-4.25 of confusion:
+    # (0.75 + 0.5) / 7 = 0.178571...
+    assert m["der_c0.25"] == pytest.approx(1.25 / 7)
+    # JER: A vs X = 1 - 4/5; B vs Y = 1 - 3/4.5; mean = 0.26667
+    assert m["jer_c0"] == pytest.approx(((1 - 4 / 5) + (1 - 3 / 4.5)) / 2)
+    # words: "one two three four" vs "one too three four five": 1 sub + 1 ins over 4
+    assert m["wer"] == pytest.approx(0.5) and (m["wer_errors"], m["ref_words"]) == (2, 4)
+    # chars: 18 reference chars; "two"->"too" 1 sub, " five" 5 ins
+    assert m["cer"] == pytest.approx(6 / 18)
+    # cp: A<->X "one two"/"one too" 1 error, B<->Y "three four"/"three four five" 1 error, over 4 words
+    assert m["cpwer"] == pytest.approx(0.5)
+    assert (m["ref_speakers"], m["hyp_speakers"], m["speaker_count_error"]) == (2, 2, 0)
+    z = by["zh/z.wav"]
+    assert z["scoring"] == "chars" and z["wer"] is None and z["cer"] == pytest.approx(1 / 12)
+    o = report["overall"]
+    assert o["cer"] == pytest.approx((6 + 1) / (18 + 12))
+    assert o["wer"] == pytest.approx(0.5)
+    assert o["der_c0"] == pytest.approx(1.5 / 8)
+    assert o["rtf"] is not None and o["audio_s"] == pytest.approx(14.3)
+
+
+# --- bad input never ends in a traceback ------------------------------------------------------
+
+
+def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
+    d = tmp_path / "data" / "bad"
+    d.mkdir(parents=True)
+    (d / "a.wav").write_bytes(b"")
+    (d / "a.rttm").write_text("SPEAKER a 1 zero one <NA> <NA> A\n")
+    (d / "a.stm").write_text("this is not an stm line\n")
+    (d / "b.wav").write_bytes(b"")
+    (d / "b.txt").write_bytes(b"\xff\xfe\x00bad")
+    (d / "c.wav").write_bytes(b"")
+    (d / "c.txt").write_text("hello")
+    (d / "e.wav").write_bytes(b"")
+    (d / "e.stm").write_text("e 1 A 0 1 ?\n")
+    (d / "e.rttm").write_text("SPEAKER e 1 0.0 1.0 <NA> <NA> A <NA> <NA>\n")
+
+    def fake(path, **hints):
+        if Path(path).stem == "c":
+            raise RuntimeError("decoder exploded")
+        return engine_result([{"speaker": 0, "start": 0.0, "end": 1.0, "text": "hi"}], 2.0)
+
+    report = evaluate(tmp_path / "data", fake)
+    by = {r["id"]: r for r in report["items"]}
+    errs = " ".join(by["bad/a.wav"]["reference_errors"])
+    assert "RTTM" in errs and "a.rttm" in errs and "STM" in errs and "a.stm" in errs
+    assert "cannot read transcript" in by["bad/b.wav"]["reference_errors"][0]
+    assert by["bad/c.wav"]["error"] == "RuntimeError: decoder exploded"
+    # an STM without words cannot be scored, but the RTTM of the same item still is
+    assert by["bad/e.wav"]["reference_errors"] == [
+        "cpWER scoring failed: ReferenceFileError: the STM reference has no words after normalisation"]
+    assert by["bad/e.wav"]["der_c0"] == 0 and by["bad/e.wav"]["speaker_count_error"] == 0
+    # a and b have no usable reference: reported without transcribing; c failed in the transcriber
+    assert by["bad/a.wav"]["error"].startswith("no usable reference file: ")
+    assert report["overall"]["failed"] == 3
+
+    with pytest.raises(FileNotFoundError, match="data directory not found"):
+        evaluate(tmp_path / "nope", fake)
+
+
+def test_invalid_engine_result_is_an_item_error(synthetic):
+    report = evaluate(synthetic, lambda p, **h: {"segments": []}, patterns=["meet/*"])
+    assert "duration" in report["items"][0]["error"]
+
+
+# --- CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_save_and_replay_round_trip(synthetic, tmp_path, capsys):
+    saved = tmp_path / "hyps"
+    parser = argparse.ArgumentParser(prog="diarist")
+    sub = parser.add_subparsers(dest="command")
+    eval_cmd.add_parser(sub)
+    args = parser.parse_args(["eval", str(synthetic), "--save-hyp", str(saved), "--out", str(tmp_path / "r1.json")])
+    assert args.func(args, transcribe_fn=perturbed) == 0
+    assert sorted(p.name for p in saved.iterdir()) == ["meet__m.wav.json", "zh__z.wav.json"]
+    # re-score the saved results without any transcriber
+    assert eval_cmd.main([str(synthetic), "--hyp-dir", str(saved), "--out", str(tmp_path / "r2.json")]) == 0
+    r1, r2 = (json.loads((tmp_path / n).read_text()) for n in ("r1.json", "r2.json"))
+    for key in ("wer", "cer", "cpwer", "der_c0", "der_c0.25"):
+        assert r1["overall"][key] == r2["overall"][key]
+    assert r2["overall"]["rtf"] is None  # saved fake results carry no processing_s
+    out = capsys.readouterr().out
+    assert "meet/m.wav" in out and "overall:" in out
+    assert r1["git_commit"] is None or len(r1["git_commit"]) == 40
+
+
+def test_cli_usage_errors(tmp_path, capsys):
+    assert eval_cmd.main([str(tmp_path / "missing")]) == 2
+    assert "data directory not found" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert eval_cmd.main([str(tmp_path / "empty"), "--hyp-dir", str(tmp_path)]) == 2
+    assert "no items with reference files" in capsys.readouterr().err
+    assert eval_cmd.main([str(tmp_path / "empty"), "--hyp-dir", str(tmp_path / "nope")]) == 2
+    assert "--hyp-dir not found" in capsys.readouterr().err
