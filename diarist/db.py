@@ -12,6 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 
 
+def _ensure_sqlite_dir(url: str) -> None:
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+
+
 def make_engine(url: str) -> Engine:
     """A pooled SQLAlchemy engine.
 
@@ -19,8 +24,7 @@ def make_engine(url: str) -> Engine:
     and the in-process workers can write concurrently without "database is locked" errors.
     """
     if url.startswith("sqlite"):
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        _ensure_sqlite_dir(url)
         eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(eng, "connect")
@@ -78,4 +82,5 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Run ``alembic upgrade <revision>`` on ``url`` (embedded mode does this at start)."""
     from alembic import command
 
+    _ensure_sqlite_dir(url)
     command.upgrade(alembic_config(url), revision)

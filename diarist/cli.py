@@ -1,0 +1,39 @@
+"""The ``diarist`` command.
+
+Subcommands (each in :mod:`diarist.commands`, exposing ``add_parser(subparsers)`` whose parser sets
+``func``): ``serve``, ``demo``, ``transcribe``, ``keys``, ``migrate``, ``worker``, ``engine``, and ``eval``
+when its module is installed. Exit status: 0 success, 2 bad input or usage, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+COMMANDS = ("serve", "demo", "transcribe", "keys", "migrate", "worker", "engine", "eval")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="diarist", description="Speaker-attributed transcripts of recordings.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        # A subcommand whose module is absent (e.g. eval, added separately) is simply not offered.
+        if importlib.util.find_spec(f"diarist.commands.{name}") is None:
+            continue
+        importlib.import_module(f"diarist.commands.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

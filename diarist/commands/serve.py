@@ -1,0 +1,53 @@
+"""``diarist serve [--embedded] [--host H] [--port P]``: run the HTTP API.
+
+``--embedded``: the whole stack in this process (SQLite, local object store, in-memory Celery broker with
+worker threads, the engine in-process); API keys are off unless ``DIARIST_AUTH=true``. Without it: the API
+only, against the configured Postgres / Redis / S3 (run ``diarist migrate`` first, and workers with
+``diarist worker``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="run the HTTP API (--embedded: the whole stack in one process)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--embedded", action="store_true", help="SQLite + local store + in-process worker and engine")
+    p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")
+    p.add_argument("--data-dir", default=None, help="embedded mode's data folder (default DIARIST_DATA_DIR or .diarist)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from diarist.settings import Settings
+
+    st = Settings()
+    host, port = args.host or st.host, args.port or st.port
+    if args.embedded or st.embedded:
+        from diarist.commands.stack import EmbeddedStack, embedded_settings
+
+        overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+        stack = EmbeddedStack(embedded_settings(st, **overrides)).start()
+        print(f"Diarist (embedded) listening on http://{host}:{port}  (API docs: http://{host}:{port}/docs)",
+              flush=True)
+        try:
+            stack.serve_forever(host, port)
+        finally:
+            stack.stop()
+        return 0
+
+    import uvicorn
+
+    from api.app import create_app
+    from diarist.services import Services
+    from worker.celery_app import CeleryDispatcher, configure
+
+    services = Services.from_settings(st)
+    services.dispatcher = CeleryDispatcher(st, configure(st))
+    uvicorn.run(create_app(services), host=host, port=port, log_level="info", lifespan="off")
+    return 0

@@ -1,0 +1,70 @@
+"""``diarist transcribe FILE [--format txt|json|srt|vtt|rttm|...]``: the engine in this process, to stdout.
+
+Bad input (unreadable file, not audio, no audio stream, empty, too long) prints one line on stderr,
+``diarist: error: <code>: <message>``, and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from diarist.formats import SUPPORTED_FORMATS
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("transcribe", help="transcribe a file with the in-process engine (no service)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", help="audio or video file (any container FFmpeg reads)")
+    p.add_argument("--format", "-f", default="txt", choices=SUPPORTED_FORMATS, help="output format (default txt)")
+    p.add_argument("--model", default="whisper", help="model family (default: whisper, the bundled tiny.en)")
+    p.add_argument("--model-path", default=None, help="checkpoint directory (default: bundled)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--language", default=None)
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--num-speakers", type=int, default=None)
+    p.add_argument("--min-speakers", type=int, default=None)
+    p.add_argument("--max-speakers", type=int, default=None)
+    p.add_argument("--multichannel", action="store_true", help="one speaker per channel")
+    p.set_defaults(func=run)
+    return p
+
+
+def fail(code: str, message: str) -> int:
+    print(f"diarist: error: {code}: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    path = Path(args.file)
+    if not path.is_file():
+        return fail("not_found", f"no such file: {args.file}")
+    from diarist.formats import render
+    from diarist.transcript import Transcript
+    from engine import Engine, EngineConfig
+    from engine.audio import AudioError, probe_duration
+    from engine.request import RequestRejected
+    from engine.transcriber import EngineError, TranscribeOptions, Transcriber
+
+    try:
+        probe_duration(path)  # cheap header check: a non-media file fails before the model loads
+    except AudioError as e:
+        return fail(e.code, e.message)
+    engine = Engine(EngineConfig(model=args.model, model_path=args.model_path, device=args.device))
+    opts = TranscribeOptions(language=args.language, prompt=args.prompt, num_speakers=args.num_speakers,
+                             min_speakers=args.min_speakers, max_speakers=args.max_speakers,
+                             multichannel=args.multichannel)
+    try:
+        result = Transcriber(engine).transcribe(str(path), opts)
+    except (AudioError, RequestRejected) as e:
+        return fail(e.code, e.message)
+    except EngineError as e:
+        print(f"diarist: error: engine_error: {e}", file=sys.stderr)
+        return 1
+    content, _media = render(Transcript.from_engine(result), args.format, file_id=path.stem)
+    sys.stdout.write(content)
+    sys.stdout.flush()
+    return 0
