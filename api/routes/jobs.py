@@ -52,24 +52,34 @@ async def create_job(request: Request, services: ServicesDep, principal: Princip
         raise ApiError(413, "too_large", f"the upload is larger than {services.settings.max_upload_bytes} bytes")
     if ctype == "multipart/form-data":
         form = await request.form(max_files=1, max_fields=32)
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(422, "invalid_request", "multipart field `file` (the recording) is required")
-        fields = {k: v for k, v in form.items() if k != "file" and isinstance(v, str) and v != ""}
         try:
-            opts = JobOptions.model_validate(fields)
-        except ValidationError as e:
-            raise _validation_error(e) from None
-        source = AudioSource(fileobj=upload.file, filename=upload.filename)
-    elif ctype == "application/json":
+            return await _submit_form(form, services, principal, idempotency_key)
+        finally:
+            await form.close()  # the upload's spooled temp file
+    if ctype == "application/json":
         try:
             body = JobFromUrl.model_validate_json(await request.body())
         except ValidationError as e:
             raise _validation_error(e) from None
-        opts = body
         source = AudioSource(url=body.audio_url, headers=body.audio_headers)
-    else:
-        raise ApiError(415, "unsupported_media_type", "send multipart/form-data with `file`, or JSON with `audio_url`")
+        return await _submit(services, principal, body, source, idempotency_key)
+    raise ApiError(415, "unsupported_media_type", "send multipart/form-data with `file`, or JSON with `audio_url`")
+
+
+async def _submit_form(form, services, principal, idempotency_key) -> JSONResponse:  # noqa: ANN001
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise ApiError(422, "invalid_request", "multipart field `file` (the recording) is required")
+    fields = {k: v for k, v in form.items() if k != "file" and isinstance(v, str) and v != ""}
+    try:
+        opts = JobOptions.model_validate(fields)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    source = AudioSource(fileobj=upload.file, filename=upload.filename)
+    return await _submit(services, principal, opts, source, idempotency_key)
+
+
+async def _submit(services, principal, opts, source, idempotency_key) -> JSONResponse:  # noqa: ANN001
     job, created = await run_in_threadpool(submit_job, services, principal, opts, source, idempotency_key)
     out = JobOut.from_row(job)
     headers = {"Location": f"/v1/jobs/{job.id}"}

@@ -1,0 +1,116 @@
+"""Bad input through the API: 4xx with a machine code and a message, and the service keeps serving."""
+
+from __future__ import annotations
+
+import io
+
+import av
+import numpy as np
+import pytest
+
+from tests.conftest import data_file
+
+
+def video_without_audio() -> bytes:
+    """A real MP4 with one video stream and no audio stream (made with PyAV)."""
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        stream = out.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), i * 20, np.uint8), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def mp3_head(n: int) -> bytes:
+    return data_file("en_jfk_inaugural/jfk.mp3").read_bytes()[:n]
+
+
+BAD = {
+    "text file": (lambda: b"this is a text file, not a recording\n" * 20, "notes.txt", "decode_failed"),
+    "empty file": (lambda: b"", "empty.wav", "empty_audio"),
+    "mp3 cut inside its header": (lambda: mp3_head(400), "cut.mp3", "decode_failed"),
+    "mp3 cut after 40 ms of audio": (lambda: mp3_head(1000), "short.mp3", "too_short"),
+    "video without audio": (video_without_audio, "silent.mp4", "no_audio_stream"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_upload_is_422_with_code_and_service_keeps_serving(client, case):
+    make, name, code = BAD[case]
+    r = client.post("/v1/jobs", files={"file": (name, make())})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == code and err["message"]
+    assert "/tmp" not in err["message"]  # no server paths leak
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+
+
+def test_bad_input_leaves_no_job_behind(client):
+    before = client.get("/v1/jobs", params={"limit": 200}).json()["data"]
+    client.post("/v1/jobs", files={"file": ("x.txt", b"not audio")})
+    after = client.get("/v1/jobs", params={"limit": 200}).json()["data"]
+    assert len(after) == len(before)
+
+
+def test_missing_file_field_and_wrong_content_type(client):
+    r = client.post("/v1/jobs", files={"other": ("a.wav", b"x")})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    r = client.post("/v1/jobs", content=b"raw", headers={"content-type": "audio/wav"})
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+
+
+def test_invalid_options_are_422(client):
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"min_speakers": "3", "max_speakers": "2"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"num_speakers": "zero"})
+    assert r.status_code == 422 and "num_speakers" in r.json()["error"]["message"]
+
+
+def test_unknown_model_is_422(client):
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "whisper-large-v9"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_model"
+
+
+def test_unknown_job_is_404_json(client):
+    r = client.get("/v1/jobs/job_doesnotexist")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    assert client.delete("/v1/jobs/job_doesnotexist").status_code == 404
+    assert client.get("/v1/nothing-here").json()["error"]["code"] == "not_found"
+
+
+def test_limits(app_with):
+    wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()  # 11 s, ~1 MB
+    small = app_with(max_upload_bytes=10_000)
+    r = small.post("/v1/jobs", files={"file": ("jfk.flac", wav)})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    short_limit = app_with(max_duration_s=5.0)
+    r = short_limit.post("/v1/jobs", files={"file": ("jfk.flac", wav)})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "too_long"
+    assert "11.0 s" in r.json()["error"]["message"]
+    high_min = app_with(min_duration_s=20.0)
+    r = high_min.post("/v1/jobs", files={"file": ("jfk.flac", wav)})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "too_short"
+
+
+def test_webhook_url_to_private_address_is_refused_without_allow_list(app_with):
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    c = app_with(webhook_allow_hosts=[])
+    for url, code in [("http://127.0.0.1:9/hook", "url_not_allowed"), ("http://10.1.2.3/x", "url_not_allowed"),
+                      ("http://[::1]/x", "url_not_allowed"), ("ftp://example.com/x", "invalid_url")]:
+        r = c.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"webhook_url": url})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (url, r.text)
+
+
+def test_audio_url_to_private_address_is_refused_without_allow_list(app_with):
+    c = app_with(webhook_allow_hosts=[])
+    r = c.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.wav"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "url_not_allowed"
