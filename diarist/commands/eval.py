@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -29,6 +30,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default: the bundled model)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--no-diarize", dest="diarize", action="store_false",
+                   help="skip the speaker cascade (ASR-only scores; every segment gets one speaker)")
     p.add_argument("--out", default=None, help="write the JSON report to this file")
     p.add_argument("--items", action="append", default=None, metavar="GLOB",
                    help="only items whose id (folder/file) matches; repeatable")
@@ -48,7 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def engine_transcribe_fn(model: str, model_path: str | None, device: str) -> TranscribeFn:
+def engine_transcribe_fn(model: str, model_path: str | None, device: str, diarize: bool = True) -> TranscribeFn:
     """Build ``transcribe_fn(path, multichannel=False) -> engine result`` on an in-process engine.
 
     Imports torch and the engine (only here: the rest of ``diarist eval`` does not need them).
@@ -59,7 +62,7 @@ def engine_transcribe_fn(model: str, model_path: str | None, device: str) -> Tra
     transcriber = Transcriber(Engine(EngineConfig(model=model, model_path=model_path, device=device)))
 
     def transcribe(path: Path, multichannel: bool = False) -> dict:
-        return transcriber.transcribe(str(path), TranscribeOptions(multichannel=multichannel))
+        return transcriber.transcribe(str(path), TranscribeOptions(multichannel=multichannel, diarize=diarize))
 
     return transcribe
 
@@ -127,6 +130,12 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
     if not data_dir.is_dir():
         print(f"diarist eval: data directory not found: {data_dir}", file=sys.stderr)
         return 2
+    missing = [m for m in ("jiwer", "meeteval", "pyannote.metrics", "pyannote.database")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"diarist eval: missing scoring packages {missing}; install them with: pip install 'diarist[eval]'",
+              file=sys.stderr)
+        return 2
     timing = "wall"
     if transcribe_fn is None:
         if args.hyp_dir:
@@ -136,7 +145,8 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
             transcribe_fn, timing = replay_transcribe_fn(args.hyp_dir, data_dir), "reported"
         else:
             try:
-                transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device)
+                transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device,
+                                                     getattr(args, "diarize", True))
             except Exception as e:  # no model files, unknown family, no CUDA...: say so, no traceback
                 print(f"diarist eval: cannot start the {args.model!r} pipeline: {type(e).__name__}: {e}",
                       file=sys.stderr)
@@ -154,6 +164,7 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
               + (f" matching {args.items}" if args.items else ""), file=sys.stderr)
         return 2
     report = {"model": args.model, "model_path": args.model_path, "device": args.device,
+              "diarize": getattr(args, "diarize", True),
               "command": " ".join(shlex.quote(a) for a in sys.argv), "git_commit": _git_commit(),
               "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report}
     print(format_table(report))
