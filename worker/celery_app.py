@@ -43,8 +43,9 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
         task_create_missing_queues=True,
         timezone="UTC",
     )
-    # Retries (self.retry) build their message through current_app; make it this app in every thread.
-    celery.set_default()
+    if celery is app:
+        # Retries (self.retry) build their message through current_app; make it this app in every thread.
+        celery.set_default()
     return celery
 
 

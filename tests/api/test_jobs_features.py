@@ -1,0 +1,135 @@
+"""Idempotency, audio_url, cancellation, SSE events, webhooks: each through the real embedded stack."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import httpx
+import pytest
+
+from tests.conftest import data_file
+from worker.webhooks import verify
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def yes_wav() -> bytes:
+    return data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+
+
+def test_idempotency_key_returns_the_same_job(client, yes_wav, wait_job):
+    h = {"Idempotency-Key": "client-retry-42"}
+    first = client.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, headers=h)
+    again = client.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, headers=h)
+    assert first.status_code == 202 and again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert first.json()["id"] == again.json()["id"]
+    other = client.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, headers={"Idempotency-Key": "another"})
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
+    for j in (first.json(), other.json()):
+        assert wait_job(client, j["id"])["status"] == "completed"
+
+
+def test_audio_url_is_fetched_with_its_headers(client, wait_job):
+    wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    seen = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen["auth"] = self.headers.get("authorization")
+            self.send_response(200)
+            self.send_header("content-length", str(len(wav)))
+            self.end_headers()
+            self.wfile.write(wav)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/jfk.flac"
+        r = client.post("/v1/jobs", json={"audio_url": url, "audio_headers": {"Authorization": "Bearer s3cret"},
+                                          "num_speakers": 1})
+        assert r.status_code == 202, r.text
+        assert seen["auth"] == "Bearer s3cret"
+        job = wait_job(client, r.json()["id"])
+        assert job["status"] == "completed" and job["duration"] == pytest.approx(11.0, abs=0.01)
+        assert job["options"]["num_speakers"] == 1
+        text = client.get(f"/v1/jobs/{job['id']}/transcript", params={"format": "text"}).text.lower()
+        assert "ask not what your country can do for you" in text
+        missing = client.post("/v1/jobs", json={"audio_url": url.replace("/jfk.flac", "/missing")})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    # The fake server answers 200 to any path; an unreachable port is the real failure case.
+    dead = client.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.wav"})
+    assert dead.status_code == 422 and dead.json()["error"]["code"] == "url_fetch_failed"
+    assert missing.status_code == 202
+
+
+def test_sse_events_stream_status_and_text(client, wait_job):
+    wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    job = client.post("/v1/jobs", files={"file": ("jfk.flac", wav)}).json()
+    events = []
+    with client.stream("GET", f"/v1/jobs/{job['id']}/events") as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "status"
+    assert events[-1] == ("status", {"status": "completed", "progress": 1.0, "error": None})
+    # A job submitted just before the subscription may finish its decoding first; the text then is in the
+    # transcript only. When the stream caught the decoding, the deltas spell the transcript.
+    deltas = "".join(d["text"] for k, d in events if k == "delta")
+    if deltas:
+        assert "ask not" in deltas.lower()
+    assert client.get(f"/v1/jobs/{job['id']}/events").text.count("event: status") == 1  # final: one event
+    assert client.get("/v1/jobs/job_nope/events").status_code == 404
+
+
+def test_webhook_is_signed_and_delivered_with_retries(client, stack, receiver, wait_job, yes_wav):
+    hook = receiver(codes=[503])  # first attempt fails, the retry succeeds
+    r = client.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, data={"webhook_url": hook.url})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    assert wait_job(client, job_id)["status"] == "completed"
+    calls = hook.wait(2)
+    assert len(calls) == 2
+    (h1, b1), (h2, b2) = calls
+    assert h1["webhook-id"] == h2["webhook-id"]  # the same message, retried
+    for headers, body in calls:
+        assert verify(stack.settings.webhook_secret, headers, body)
+        assert not verify(stack.settings.webhook_secret, headers, body + b" ")
+    payload = json.loads(b2)
+    assert payload["type"] == "job.completed" and payload["data"] == {"id": job_id, "status": "completed",
+                                                                      "error": None}
+    job = client.get(f"/v1/jobs/{job_id}").json()
+    for _ in range(50):  # the delivery row is written right after the receiver answers
+        if job["webhook"]["status"] == "delivered":
+            break
+        job = httpx.get(f"{stack.url}/v1/jobs/{job_id}").json()
+    assert job["webhook"] == {"url": hook.url, "status": "delivered", "last_status_code": 200, "attempts": 2}
+
+
+def test_webhook_on_cancel_and_4xx_is_not_retried(client, receiver):
+    hook = receiver(codes=[410])
+    wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    job_id = client.post("/v1/jobs", files={"file": ("jfk.flac", wav)}, data={"webhook_url": hook.url}).json()["id"]
+    deleted = client.delete(f"/v1/jobs/{job_id}").json()
+    # Usually still queued or processing, so canceled; on a very fast machine it may have completed first.
+    expected = "canceled" if deleted["status"] == "canceled" else "completed"
+    if expected == "canceled":
+        assert deleted["error"]["code"] == "canceled"
+        assert client.get(f"/v1/jobs/{job_id}/transcript").json()["error"]["code"] == "not_ready"
+    payload = json.loads(hook.wait(1)[0][1])
+    assert payload["type"] == f"job.{expected}" and payload["data"]["id"] == job_id
+    assert payload["data"]["status"] == expected
+    assert len(hook.wait(2, timeout_s=1.5)) == 1  # 410 is final: no retry

@@ -1,0 +1,70 @@
+"""``POST /v1/audio/transcriptions`` driven by the official ``openai`` Python client."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.conftest import data_file
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def oai(stack):
+    with openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused-auth-off", max_retries=0, timeout=300) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def jfk():
+    return data_file("en_jfk_inaugural/jfk.flac")
+
+
+def test_json_and_text(oai, jfk):
+    with jfk.open("rb") as f:
+        r = oai.audio.transcriptions.create(model="whisper-1", file=f)
+    assert "ask not what your country can do for you" in r.text.lower()
+    with jfk.open("rb") as f:
+        text = oai.audio.transcriptions.create(model="whisper-1", file=f, response_format="text")
+    assert isinstance(text, str) and "ask not" in text.lower()
+
+
+@pytest.mark.parametrize(("fmt", "check"), [
+    ("srt", lambda body: "00:00:0" in body and "-->" in body),
+    ("vtt", lambda body: body.startswith("WEBVTT")),
+    ("verbose_json", lambda body: json.loads(body)["segments"][0]["start"] >= 0),
+    ("diarized_json", lambda body: json.loads(body)["segments"][0]["speaker"] == "S01"),
+])
+def test_other_response_formats(oai, jfk, fmt, check):
+    with jfk.open("rb") as f:
+        raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, response_format=fmt)
+    assert raw.http_response.status_code == 200
+    assert check(raw.http_response.text)
+
+
+def test_stream_events(oai, jfk):
+    with jfk.open("rb") as f:
+        stream = oai.audio.transcriptions.create(model="whisper-1", file=f, stream=True,
+                                                 response_format="diarized_json")
+        events = list(stream)
+    types = [e.type for e in events]
+    assert types[-1] == "transcript.text.done" and "transcript.text.delta" in types
+    assert "transcript.text.segment" in types
+    deltas = "".join(e.delta for e in events if e.type == "transcript.text.delta")
+    done = events[-1].text
+    assert "ask not" in done.lower()
+    assert " ".join(deltas.split()) == " ".join(done.split())
+    seg = next(e for e in events if e.type == "transcript.text.segment")
+    assert seg.speaker == "S01" and 0 <= seg.start <= seg.end <= 11.0
+
+
+def test_errors_use_the_openai_error_shape(oai):
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        oai.audio.transcriptions.create(model="whisper-1", file=("notes.txt", b"not audio"))
+    assert e.value.body["code"] == "decode_failed"
+    with pytest.raises(openai.UnprocessableEntityError) as e:
+        oai.audio.transcriptions.create(model="gpt-9-transcribe", file=data_file("en_jfk_inaugural/jfk.flac"))
+    assert e.value.body["code"] == "unknown_model"

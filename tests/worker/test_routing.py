@@ -1,0 +1,23 @@
+from worker.routing import LONG, SHORT, queue_for
+
+
+def test_duration_classes():
+    assert queue_for(0.5, 120.0) == SHORT
+    assert queue_for(119.99, 120.0) == SHORT
+    assert queue_for(120.0, 120.0) == LONG
+    assert queue_for(5400.0, 120.0) == LONG
+    assert queue_for(None, 120.0) == LONG  # unknown length: never block the short queue
+    assert queue_for(30.0, 10.0) == LONG
+
+
+def test_celery_delivery_settings():
+    from celery import Celery
+
+    from diarist.settings import Settings
+    from worker.celery_app import configure
+
+    app = configure(Settings.model_validate({**Settings().model_dump(), "broker_url": "redis://h:1/0"}), Celery("t"))
+    c = app.conf
+    assert c.task_acks_late and c.task_reject_on_worker_lost and c.worker_prefetch_multiplier == 1
+    assert c.broker_transport_options["visibility_timeout"] >= 3 * 3600
+    assert {q.name for q in c.task_queues} == {"transcribe.short", "transcribe.long", "webhooks"}

@@ -1,0 +1,114 @@
+"""Webhook signing (Standard Webhooks vector), delivery log, retry policy, address guard."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from diarist.models import Job, WebhookDelivery
+from worker.webhooks import deliver, sign, verify
+
+
+def test_signature_matches_the_standard_webhooks_published_vector():
+    # The example of https://www.standardwebhooks.com/ (spec "Signature scheme" / its libraries' tests).
+    sig = sign("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330,
+               b'{"test": 2432232314}')
+    assert sig == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+
+def test_verify_rejects_tampering_and_stale_timestamps():
+    secret, body, now = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", b'{"a":1}', int(time.time())
+    h = {"webhook-id": "msg_1", "webhook-timestamp": str(now), "webhook-signature": sign(secret, "msg_1", now, body)}
+    assert verify(secret, h, body)
+    assert not verify(secret, h, b'{"a":2}')
+    assert not verify(secret, {**h, "webhook-id": "msg_2"}, body)
+    old = now - 3600
+    assert not verify(secret, {**h, "webhook-timestamp": str(old),
+                               "webhook-signature": sign(secret, "msg_1", old, body)}, body)
+
+
+class Server:
+    def __init__(self, codes):
+        self.codes, self.bodies = list(codes), []
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                outer.bodies.append((dict(self.headers), self.rfile.read(int(self.headers["content-length"]))))
+                self.send_response(outer.codes.pop(0) if outer.codes else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/h"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.fixture
+def rt(services):
+    from worker.celery_app import CeleryDispatcher
+    from worker.runtime import Runtime
+
+    services.settings.webhook_secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    return Runtime(services=services, engine=None, dispatcher=CeleryDispatcher(services.settings))
+
+
+def deliveries(services, job_id):
+    with services.db.session() as s:
+        return [(d.attempt, d.status_code, d.error) for d in
+                s.query(WebhookDelivery).filter_by(job_id=job_id).order_by(WebhookDelivery.id)]
+
+
+@pytest.mark.parametrize(("code", "state"), [(200, "delivered"), (204, "delivered"), (500, "retry"), (503, "retry"),
+                                             (408, "retry"), (429, "retry"), (400, "failed"), (404, "failed"),
+                                             (410, "failed")])
+def test_retry_policy(rt, make_job, code, state):
+    srv = Server([code])
+    try:
+        job_id = make_job(status="failed", error_code="decode_failed", webhook_url=srv.url)
+        a = deliver(rt, job_id, "job.failed", "msg_x", attempt=1)
+        assert a.state == state and a.status_code == code
+        if state == "retry":
+            assert a.delay_s == pytest.approx(0.5)
+        headers, body = srv.bodies[0]
+        assert json.loads(body)["data"] == {"id": job_id, "status": "failed", "error": {"code": "decode_failed"}}
+        assert verify(rt.services.settings.webhook_secret, {k.lower(): v for k, v in headers.items()}, body)
+        assert deliveries(rt.services, job_id) == [(1, code, None)]
+    finally:
+        srv.close()
+
+
+def test_backoff_doubles_and_attempts_are_bounded(rt, make_job):
+    srv = Server([500, 500, 500])
+    try:
+        job_id = make_job(status="completed", webhook_url=srv.url)
+        delays = [deliver(rt, job_id, "job.completed", "msg_y", attempt=n) for n in (1, 2, 3)]
+        assert [d.state for d in delays] == ["retry", "retry", "failed"]  # webhook_max_attempts = 3
+        assert [d.delay_s for d in delays[:2]] == [0.5, 1.0]
+        with rt.services.db.session() as s:
+            job = s.get(Job, job_id)
+            assert (job.webhook_status, job.webhook_status_code) == ("failed", 500)
+        assert [d[0] for d in deliveries(rt.services, job_id)] == [1, 2, 3]
+    finally:
+        srv.close()
+
+
+def test_connection_refused_is_retried_and_private_address_is_refused(rt, make_job):
+    job_id = make_job(status="completed", webhook_url="http://127.0.0.1:9/closed")
+    a = deliver(rt, job_id, "job.completed", "msg_z", attempt=1)
+    assert a.state == "retry" and a.status_code is None
+    assert "ConnectError" in deliveries(rt.services, job_id)[0][2]
+    rt.services.settings.webhook_allow_hosts = []
+    b = deliver(rt, job_id, "job.completed", "msg_z", attempt=2)
+    assert b.state == "failed" and deliveries(rt.services, job_id)[1][2].startswith("url_not_allowed")
