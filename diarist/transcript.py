@@ -28,6 +28,8 @@ FinishReason = Literal["stop", "length", "repetition", "abort", "error"]
 # Labels that already mean "speaker N" (cluster ids, MOSS-TD tags); any other string
 # (e.g. a channel label) is remembered in ``speaker_names`` when relabelled.
 _NUMERIC_LABEL = re.compile(r"(?:S|SPK|SPEAKER_?)?\d+", re.IGNORECASE)
+# Han, kana, CJK punctuation and full-width forms: scripts written without spaces between words
+_CJK_CHAR = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 class Word(BaseModel):
@@ -84,8 +86,14 @@ class Transcript(BaseModel):
 
     @property
     def text(self) -> str:
-        """All segment texts joined by single spaces (no speaker labels, no times)."""
-        return " ".join(s.text for s in self.segments if s.text)
+        """All segment texts in order (no speaker labels, no times), joined by single spaces,
+        except between two CJK segments, which are written without a space."""
+        out = ""
+        for s in self.segments:
+            if out and not (_CJK_CHAR.match(out[-1]) and _CJK_CHAR.match(s.text[0])):
+                out += " "
+            out += s.text
+        return out
 
     @classmethod
     def from_engine(cls, result: dict[str, Any]) -> "Transcript":

@@ -138,3 +138,9 @@ def test_invariants_hold_for_any_engine_result(r):
     if t.segments and t.duration > 0:
         assert t.coverage == pytest.approx(max(s.end for s in t.segments) / t.duration)
     assert Transcript.model_validate_json(t.model_dump_json()) == t
+
+
+def test_text_joins_cjk_segments_without_space():
+    t = Transcript.from_engine(result([seg(0, 0.0, 1.0, "好的。"), seg(1, 1.0, 2.0, "我们开始"),
+                                       seg(0, 2.0, 3.0, "OK then"), seg(1, 3.0, 4.0, "再见")]))
+    assert t.text == "好的。我们开始 OK then 再见"
