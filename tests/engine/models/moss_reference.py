@@ -10,6 +10,7 @@ safetensors directory with the checkpoint's names that the engine loads like a r
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -100,6 +101,8 @@ class Reference:
         emb = self.lm.get_input_embeddings()(ids)
         mask = (ids == AUDIO_ID)[..., None].expand_as(emb)
         emb = emb.masked_scatter(mask, self.audio_embeddings(wave).to(emb.dtype))
+        # transformers 5.x names the KV cache argument ``cache`` (``past_key_values`` before)
+        key = "cache" if "cache" in inspect.signature(self.lm.forward).parameters else "past_key_values"
         out = self.lm(inputs_embeds=emb, use_cache=True, logits_to_keep=1)
         tokens, logits = [], []
         for _ in range(n_new):
@@ -107,8 +110,8 @@ class Reference:
             tok = int(step.argmax())
             tokens.append(tok)
             logits.append(step)
-            out = self.lm(input_ids=torch.tensor([[tok]]), past_key_values=out.past_key_values, use_cache=True,
-                          logits_to_keep=1)
+            out = self.lm(input_ids=torch.tensor([[tok]]), use_cache=True, logits_to_keep=1,
+                          **{key: getattr(out, key)})
         return tokens, logits
 
 
