@@ -109,6 +109,18 @@ class LocalStore:
             raise OSError(f"object store directory is not writable: {self.root}")
 
 
+class _Counting:
+    """A read-only view of a file object that counts the bytes read (boto3 may close what it is given)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f, self.n = f, 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.n += len(data)
+        return data
+
+
 class S3Store:
     """Objects in an S3 bucket through boto3 (AWS, MinIO, moto, any S3-compatible endpoint)."""
 
@@ -139,13 +151,10 @@ class S3Store:
         return self.prefix + _check_key(key)
 
     def put_file(self, key: str, fileobj: BinaryIO) -> int:
-        start = fileobj.tell() if fileobj.seekable() else 0
+        counted = _Counting(fileobj)
         # upload_fileobj does a multipart upload in 8 MiB parts for large files (bounded memory).
-        self.client.upload_fileobj(fileobj, self.bucket, self._key(key))
-        if fileobj.seekable():
-            return fileobj.tell() - start
-        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        return int(head["ContentLength"])
+        self.client.upload_fileobj(counted, self.bucket, self._key(key))
+        return counted.n
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)

@@ -1,0 +1,82 @@
+"""The ``diarist`` command: bad input → one line on stderr and exit status 2; keys; subcommands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from diarist.cli import build_parser, main
+from tests.conftest import data_file
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(("content", "code"), [(b"just some text\n" * 10, "decode_failed"), (b"", "decode_failed")])
+def test_transcribe_bad_input_is_one_line_and_status_2(tmp_path, capsys, content, code):
+    f = tmp_path / "input.wav"
+    f.write_bytes(content)
+    status, out, err = run_cli(capsys, "transcribe", str(f))
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"diarist: error: {code}: ")
+
+
+def test_transcribe_missing_file(capsys, tmp_path):
+    status, out, err = run_cli(capsys, "transcribe", str(tmp_path / "nope.wav"))
+    assert status == 2 and err.strip() == f"diarist: error: not_found: no such file: {tmp_path / 'nope.wav'}"
+
+
+def test_transcribe_video_without_audio(tmp_path, capsys):
+    from tests.api.test_errors import video_without_audio
+
+    f = tmp_path / "v.mp4"
+    f.write_bytes(video_without_audio())
+    status, _out, err = run_cli(capsys, "transcribe", str(f))
+    assert status == 2 and err.startswith("diarist: error: no_audio_stream: ") and err.count("\n") == 1
+
+
+def test_installed_command_exit_status(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("not audio")
+    p = subprocess.run([sys.executable, "-m", "diarist.cli", "transcribe", str(f)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.startswith("diarist: error: decode_failed:") and p.stderr.count("\n") == 1
+
+
+def test_subcommands_and_eval_hook():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert {"serve", "demo", "transcribe", "keys", "migrate"} <= set(sub.choices)
+    with pytest.raises(SystemExit) as e:
+        main(["transcribe", "x.wav", "--format", "docx"])
+    assert e.value.code == 2
+
+
+def test_keys_create_list_revoke(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("DIARIST_DATABASE_URL", raising=False)
+    status, out, _ = run_cli(capsys, "keys", "create", "--name", "ci", "--admin", "--json")
+    k = json.loads(out)
+    assert status == 0 and k["token"].startswith("dia_") and k["webhook_secret"].startswith("whsec_") and k["admin"]
+    status, out, _ = run_cli(capsys, "keys", "list")
+    assert k["id"] in out and "admin" in out and k["token"] not in out
+    assert run_cli(capsys, "keys", "revoke", k["id"])[0] == 0
+    assert "revoked" in run_cli(capsys, "keys", "list")[1]
+    assert run_cli(capsys, "keys", "revoke", k["id"])[0] == 2
+
+
+@pytest.mark.slow
+def test_transcribe_prints_speaker_lines(capsys, whisper_engine, monkeypatch):
+    """The real thing on jfk.flac (reusing the session engine instead of loading a second one)."""
+    import engine as engine_pkg
+
+    monkeypatch.setattr(engine_pkg, "Engine", lambda *_a, **_k: whisper_engine)
+    status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.flac")), "--format", "txt")
+    assert status == 0, err
+    assert out.startswith("[0.") and " S01: " in out and "ask not what your country" in out.lower()

@@ -1,0 +1,37 @@
+from pathlib import Path
+
+from diarist.settings import Settings
+
+
+def test_env_prefix_and_types(monkeypatch):
+    monkeypatch.setenv("DIARIST_DATABASE_URL", "postgresql+psycopg://u:p@db/diarist")
+    monkeypatch.setenv("DIARIST_LONG_THRESHOLD_S", "300")
+    monkeypatch.setenv("DIARIST_WEBHOOK_ALLOW_HOSTS", '["127.0.0.1", "10.0.0.0/8"]')
+    monkeypatch.setenv("DIARIST_STORAGE", "s3")
+    st = Settings()
+    assert st.db_url == "postgresql+psycopg://u:p@db/diarist"
+    assert st.long_threshold_s == 300.0
+    assert st.webhook_allow_hosts == ["127.0.0.1", "10.0.0.0/8"]
+    assert st.storage == "s3"
+
+
+def test_defaults(monkeypatch, tmp_path):
+    for k in ("DIARIST_DATA_DIR", "DIARIST_EMBEDDED", "DIARIST_AUTH", "DIARIST_BROKER_URL", "DIARIST_DATABASE_URL"):
+        monkeypatch.delenv(k, raising=False)
+    st = Settings()
+    assert st.long_threshold_s == 120.0 and st.max_duration_s == 5400.0
+    assert st.broker == "redis://localhost:6379/0" and st.auth_enabled
+    emb = Settings(embedded=True, data_dir=tmp_path)
+    assert emb.broker.startswith("memory://") and not emb.auth_enabled
+    assert emb.db_url == f"sqlite:///{(tmp_path / 'diarist.sqlite3').resolve()}"
+    assert emb.objects_dir == Path(tmp_path) / "objects"
+    assert Settings(embedded=True, auth=True).auth_enabled
+
+
+def test_invalid_values_are_rejected(monkeypatch):
+    import pydantic
+    import pytest
+
+    monkeypatch.setenv("DIARIST_STORAGE", "ftp")
+    with pytest.raises(pydantic.ValidationError):
+        Settings()
