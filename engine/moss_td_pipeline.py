@@ -95,11 +95,11 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     p = build_prompt(engine.tokenizer, int(wave.size), prompt, info.get("marker_every_s", 2))
     left = engine.max_context - len(p.ids)
     if left < MIN_OUTPUT_TOKENS:
-        max_audio_s = (engine.max_context - MIN_OUTPUT_TOKENS) / (TOKENS_PER_SECOND * len(p.ids) / max(p.num_audio, 1))
+        per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
         raise RequestRejected(
-            "too_long", f"{duration:.1f} s of audio makes a prompt of {len(p.ids)} tokens; the context of "
-                        f"{engine.max_context} tokens leaves {left} for the transcript (at least "
-                        f"{MIN_OUTPUT_TOKENS} needed; about {max_audio_s / 60:.0f} min of audio fit)")
+            "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with at "
+                        f"least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token context "
+                        f"(about {(engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60:.0f} min of audio fit)")
     budget = default_budget(duration) if max_new_tokens is None else int(max_new_tokens)
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget

@@ -123,16 +123,17 @@ class MossTDForConditionalGeneration(nn.Module):
     def audio_embeddings(self, waves: list[torch.Tensor]) -> list[torch.Tensor]:
         """Recordings (float32 ``[n]`` 16 kHz each) -> audio embeddings ``[N_i, hidden]`` each, with
         ``N_i = sum(window_token_counts(n_i))``. Windows of all recordings share encoder forwards."""
-        windows, spans = [], []
+        windows, spans, total = [], [], 0
         for wave in waves:
             counts = window_token_counts(int(wave.numel()))
-            spans.append((len(windows), counts))
-            for j in range(len(counts)):
-                piece = wave[j * CHUNK_SAMPLES : (j + 1) * CHUNK_SAMPLES].float()
-                windows.append(F.pad(piece, (0, CHUNK_SAMPLES - piece.numel())))
+            spans.append((total, counts))
+            total += len(counts)
+            if counts:  # zero-pad the last window, then view the recording as [W, 480000]
+                padded = F.pad(wave.float(), (0, len(counts) * CHUNK_SAMPLES - wave.numel()))
+                windows.append(padded.view(len(counts), CHUNK_SAMPLES))
         if not windows:
             return [self.lm_head.weight.new_zeros(0, self.config.text.hidden_size) for _ in waves]
-        states = self.encode_windows(torch.stack(windows))
+        states = self.encode_windows(torch.cat(windows))
         return [self.merge_and_adapt(states[lo : lo + len(c)], c) for lo, c in spans]
 
     # -- engine hooks ------------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_recording_too_long_for_the_context(h200):
     with pytest.raises(RequestRejected) as e:
         build_moss_sequence(h200, wave)
     assert e.value.code == "too_long"
-    assert "131072" in str(e.value) and "min of audio fit" in str(e.value)
+    assert "131072-token context" in str(e.value) and "min of audio fit" in str(e.value)
 
 
 def test_empty_audio_is_refused(h200):
