@@ -1,0 +1,32 @@
+# Quick start: `make demo` (the main job on the embedded default) and `make test` (the test suite).
+# Both create or reuse the virtualenv in $(VENV) and install what they need (CPU torch per constraints-cpu.txt).
+
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+HASH    := $(shell cat pyproject.toml constraints-cpu.txt | sha1sum | cut -c1-12)
+STAMP   := $(VENV)/.installed-$(HASH)
+
+.PHONY: demo test serve bench install clean
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[test,bench]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/diarist demo $(ARGS)
+
+test: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+serve: $(STAMP)
+	$(VENV)/bin/diarist serve --embedded $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_cpu.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
