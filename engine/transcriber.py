@@ -10,9 +10,10 @@ labels come from the model).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -316,3 +317,33 @@ class Transcriber:
             "no_speech": no_speech,
             "metrics": metrics,
         }
+
+
+async def stream_transcription(transcriber: Transcriber, source: Any,
+                               options: TranscribeOptions | None = None) -> AsyncIterator[dict]:
+    """Run a transcription on a worker thread and yield its events as they happen.
+
+    Yields dicts ``{"type": kind, **payload}`` with kinds ``queued``, ``started``, ``delta`` ({text}),
+    ``segment`` ({start, end, text}), ``finished`` ({metrics, finish_reason}) and finally ``result``
+    ({result}: the dict :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
+    Cancelling the iterator does not stop the engine work already submitted.
+    """
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    def on_event(kind: str, payload: dict) -> None:
+        loop.call_soon_threadsafe(q.put_nowait, {"type": kind, **payload})
+
+    def work() -> None:
+        try:
+            result = transcriber.transcribe(source, options, on_event)
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
+        except Exception as e:  # reported as an event; the caller decides the HTTP status
+            code = getattr(e, "code", "engine_error")
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})
+        finally:
+            loop.call_soon_threadsafe(q.put_nowait, None)
+
+    threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
+    while (item := await q.get()) is not None:
+        yield item
