@@ -19,7 +19,11 @@ app = Celery("diarist", include=["worker.tasks"])
 
 def configure(settings: Settings, celery: Celery = app) -> Celery:
     """Point the app at ``settings``' broker and apply the delivery settings. Returns the app."""
-    transport_options: dict = {"visibility_timeout": settings.visibility_timeout_s}
+    vt = settings.visibility_timeout_s
+    # Redis re-queues a message whose worker died once it has been unacked for ``vt`` seconds; sweep for
+    # such messages every vt/3 seconds (at most every 10 s), each sweep a real scan (throttle 1).
+    transport_options: dict = {"visibility_timeout": vt, "unacked_restore_interval": max(1, min(10, vt // 3)),
+                               "unacked_restore_throttle": 1}
     if settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}

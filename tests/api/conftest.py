@@ -7,13 +7,12 @@ settings build a second app over the same handles (``app_with``).
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
 import time
 
 import httpx
 import pytest
+
+from tests.servers import Receiver
 
 FINAL = ("completed", "failed", "canceled")
 
@@ -69,47 +68,6 @@ def app_with(stack):
     yield make
     for c in clients:
         c.close()
-
-
-class Receiver:
-    """A loopback HTTP server recording webhook POSTs; answers ``codes`` in turn, then 200."""
-
-    def __init__(self, codes: list[int] | None = None) -> None:
-        self.codes = list(codes or [])
-        self.calls: list[tuple[dict, bytes]] = []
-        self.cond = threading.Condition()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                with outer.cond:
-                    outer.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                    code = outer.codes.pop(0) if outer.codes else 200
-                    outer.cond.notify_all()
-                self.send_response(code)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def wait(self, n: int, timeout_s: float = 60.0) -> list[tuple[dict, bytes]]:
-        with self.cond:
-            self.cond.wait_for(lambda: len(self.calls) >= n, timeout=timeout_s)
-            return list(self.calls)
-
-    def json(self, i: int) -> dict:
-        return json.loads(self.calls[i][1])
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -1,0 +1,137 @@
+"""The engine server (``diarist engine``): one per GPU, on loopback, the only process that loads a model.
+
+Routes:
+- ``POST /internal/transcribe?options=<json>`` with the raw audio as the body: newline-delimited JSON, one
+  event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
+  "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
+  (:class:`worker.engine_client.HttpEngineClient`).
+- ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
+  diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``).
+- ``GET /health``, ``GET /stats`` (engine gauges and counters).
+
+Many requests run at once (one thread each); the engine batches across them.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, File, Form, Query, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from api import errors
+from api.errors import ApiError
+
+CHUNK = 1 << 20
+_END = object()
+
+
+def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
+    allowed = {"language", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel"}
+    return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in allowed and v is not None})
+
+
+def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
+    """An app serving ``engine`` (an ``engine.Engine`` whose loop is running)."""
+    from engine.audio import AudioError
+    from engine.request import RequestRejected
+    from engine.transcriber import EngineError, TranscribeOptions, Transcriber
+
+    tr = Transcriber(engine)
+    app = FastAPI(title="Diarist engine", version="1")
+    errors.install(app)
+
+    def run(path: Path, opts: Any, on_event: Any) -> dict:
+        try:
+            return tr.transcribe(str(path), opts, on_event=on_event)
+        except (AudioError, RequestRejected) as e:
+            raise ApiError(422, e.code, e.message) from None
+        except EngineError as e:
+            raise ApiError(500, "engine_error", str(e)) from None
+
+    def stream(path: Path, opts: Any) -> Iterator[dict]:
+        """Run in a thread; yield its events as they come, then the result (or error)."""
+        q: queue.Queue = queue.Queue()
+
+        def work() -> None:
+            try:
+                q.put({"type": "result", "result": run(path, opts, lambda k, p: q.put({"type": k, **p}))})
+            except ApiError as e:
+                q.put({"type": "error", "code": e.code, "message": e.message})
+            except Exception as e:  # the stream must end with a line the worker understands
+                q.put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
+            finally:
+                q.put(_END)
+                path.unlink(missing_ok=True)
+
+        threading.Thread(target=work, name="engine-request", daemon=True).start()
+        while (item := q.get()) is not _END:
+            yield item
+
+    @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
+    async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
+        try:
+            opts = _options(TranscribeOptions, json.loads(options))
+        except (ValueError, TypeError) as e:
+            raise ApiError(422, "invalid_request", f"options: {e}") from None
+        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
+        with open(fd, "wb") as out:
+            async for chunk in request.stream():
+                out.write(chunk)
+        lines = (json.dumps(ev, default=str) + "\n" for ev in stream(Path(name), opts))
+        return StreamingResponse(lines, media_type="application/x-ndjson")
+
+    @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")
+    async def openai_transcriptions(
+        file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = "whisper",
+        language: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
+        response_format: Annotated[str, Form()] = "json", stream_: Annotated[bool, Form(alias="stream")] = False,
+    ) -> Response:
+        from diarist.formats import render
+        from diarist.transcript import Transcript
+
+        if response_format not in ("json", "text", "srt", "vtt", "verbose_json", "diarized_json"):
+            raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
+        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
+        with open(fd, "wb") as out:
+            while chunk := await file.read(CHUNK):
+                out.write(chunk)
+        opts = _options(TranscribeOptions, {"language": language, "prompt": prompt})
+        if stream_:
+            def sse() -> Iterator[str]:
+                for ev in stream(Path(name), opts):
+                    if ev["type"] == "delta":
+                        yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': ev['text']})}\n\n"
+                    elif ev["type"] == "result":
+                        text = Transcript.from_engine(ev["result"]).text
+                        yield f"data: {json.dumps({'type': 'transcript.text.done', 'text': text})}\n\n"
+                    elif ev["type"] == "error":
+                        yield f"data: {json.dumps({'type': 'error', 'error': ev})}\n\n"
+
+            return StreamingResponse(sse(), media_type="text/event-stream")
+        try:
+            result = await run_in_threadpool(run, Path(name), opts, None)
+        finally:
+            Path(name).unlink(missing_ok=True)
+        t = Transcript.from_engine(result)
+        if response_format == "json":
+            return JSONResponse({"text": t.text, "usage": {"type": "duration", "seconds": t.duration}})
+        content, media_type = render(t, response_format)
+        return Response(content, media_type=media_type)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "engine_id": engine_id}
+
+    @app.get("/stats")
+    def stats() -> dict:
+        return {"engine_id": engine_id, **engine.stats()}
+
+    return app

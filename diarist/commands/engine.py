@@ -1,0 +1,45 @@
+"""``diarist engine [--host 127.0.0.1] [--port 8100] [--device cuda:0]``: the engine server, one per GPU.
+
+Loads the model once and serves workers over loopback (see :mod:`api.engine_server`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("engine", help="run the engine server (one per GPU)", description=__doc__)
+    p.add_argument("--host", default=None, help="listen address (default DIARIST_ENGINE_HOST, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE)")
+    p.add_argument("--model", default=None, help="model family (default DIARIST_MODEL)")
+    p.add_argument("--model-path", default=None, help="checkpoint directory (default: bundled tiny.en)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    from api.engine_server import create_engine_app
+    from diarist.settings import Settings
+    from engine import Engine, EngineConfig
+
+    st = Settings()
+    host, port = args.host or st.engine_host, args.port or st.engine_port
+    device = args.device or st.device
+    engine = Engine(EngineConfig(model=args.model or st.model, model_path=args.model_path or st.model_path,
+                                 device=device, kv_budget_bytes=st.engine_kv_budget_bytes,
+                                 max_running_requests=st.engine_max_running_requests))
+    engine.start()
+    app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}")
+    print(f"Diarist engine ({device}) listening on http://{host}:{port}", flush=True)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,50 @@
+"""``diarist worker --class short|long|webhooks [--concurrency N]``: one Celery worker process per class.
+
+Thread pool; consumes only its class's queue (``transcribe.short``, ``transcribe.long`` or ``webhooks``).
+Transcription workers stream from the engine server at DIARIST_ENGINE_URL and never load a model (no
+CUDA in workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("worker", help="run a Celery worker for one duration class", description=__doc__)
+    p.add_argument("--class", dest="klass", required=True, choices=("short", "long", "webhooks"))
+    p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
+    p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import socket
+
+    from diarist.services import Services
+    from diarist.settings import Settings
+    from worker import routing
+    from worker.celery_app import CeleryDispatcher, app, configure
+    from worker.engine_client import HttpEngineClient
+    from worker.runtime import Runtime, set_runtime
+
+    st = Settings()
+    configure(st)
+    services = Services.from_settings(st)
+    dispatcher = CeleryDispatcher(st)
+    services.dispatcher = dispatcher
+    engine = None
+    if args.klass != "webhooks":
+        engine = HttpEngineClient(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
+    set_runtime(Runtime(services=services, engine=engine, dispatcher=dispatcher))
+    concurrency = args.concurrency or {"short": st.short_concurrency, "long": st.long_concurrency,
+                                       "webhooks": st.webhook_concurrency}[args.klass]
+    import worker.tasks  # noqa: F401 - registers the tasks
+
+    app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
+               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=args.loglevel,
+               without_mingle=True, without_gossip=True).start()
+    return 0

@@ -1,0 +1,157 @@
+"""The production topology with real processes: Postgres + Redis + S3 (moto) + ``diarist engine`` +
+``diarist worker --class short|webhooks`` + ``diarist serve``, on loopback.
+
+Crash safety: a worker SIGKILLed mid-job → the job completes exactly once after a restart; the engine
+server killed mid-job → the job is retried and completes. Slow (model loads in a separate process); the
+servers come from Debian packages (skipped loudly when missing, failed under DIARIST_REQUIRE_SERVICES=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import data_file
+from tests.servers import Receiver, free_port, start_postgres, start_redis, start_s3, wait_port
+from worker.webhooks import verify
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+FINAL = ("completed", "failed", "canceled")
+
+
+class Proc:
+    """A ``diarist`` subcommand in its own process, its output in a log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict, logdir: Path) -> None:
+        self.name, self.args, self.env, self.log = name, args, env, logdir / f"{name}.log"
+        self.p: subprocess.Popen | None = None
+
+    def start(self) -> Proc:
+        out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
+        self.p = subprocess.Popen([sys.executable, "-m", "diarist.cli", *self.args], env=self.env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.p is not None and self.p.poll() is None:
+            os.killpg(self.p.pid, sig)
+            self.p.wait(timeout=30)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def prod(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("logs")
+    stops = []
+    procs: dict[str, Proc] = {}
+    try:
+        db, stop = start_postgres()
+        stops.append(stop)
+        broker, stop = start_redis()
+        stops.append(stop)
+        s3, stop = start_s3()
+        stops.append(stop)
+        eport, aport = free_port(), free_port()
+        env = {**os.environ, "DIARIST_DATABASE_URL": db, "DIARIST_BROKER_URL": broker, "DIARIST_STORAGE": "s3",
+               "DIARIST_S3_ENDPOINT_URL": s3, "DIARIST_S3_BUCKET": "prod", "DIARIST_S3_CREATE_BUCKET": "true",
+               "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t", "DIARIST_AUTH": "true",
+               "DIARIST_ENGINE_URL": f"http://127.0.0.1:{eport}", "DIARIST_ENGINE_PORT": str(eport),
+               "DIARIST_WEBHOOK_ALLOW_HOSTS": '["127.0.0.1"]', "DIARIST_VISIBILITY_TIMEOUT_S": "6",
+               "DIARIST_ENGINE_ATTEMPTS": "8", "DIARIST_ENGINE_RETRY_DELAY_S": "1",
+               "DIARIST_ENGINE_KV_BUDGET_BYTES": str(256 << 20), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": "16",
+               "OMP_NUM_THREADS": "1"}
+        env.pop("DIARIST_EMBEDDED", None)
+        subprocess.run([sys.executable, "-m", "diarist.cli", "migrate"], env=env, check=True, capture_output=True)
+        key = json.loads(subprocess.run([sys.executable, "-m", "diarist.cli", "keys", "create", "--name", "t",
+                                         "--json"], env=env, check=True, capture_output=True, text=True).stdout)
+        procs["engine"] = Proc("engine", ["engine"], env, logs).start()
+        procs["short"] = Proc("short", ["worker", "--class", "short", "--concurrency", "2"], env, logs).start()
+        procs["webhooks"] = Proc("webhooks", ["worker", "--class", "webhooks"], env, logs).start()
+        procs["api"] = Proc("api", ["serve", "--port", str(aport)], env, logs).start()
+        wait_port(aport, 120)
+        wait_port(eport, 300)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=60,
+                              headers={"Authorization": f"Bearer {key['token']}"})
+        yield {"client": client, "key": key, "procs": procs, "eport": eport}
+        client.close()
+    finally:
+        for p in procs.values():
+            p.kill(signal.SIGTERM)
+        for stop in reversed(stops):
+            stop()
+
+
+def wait_status(client, job_id, states, timeout_s=300.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        if job["status"] in states or time.monotonic() > deadline:
+            return job
+        time.sleep(0.05)
+
+
+def submit(prod, rel: str, **data) -> str:
+    with data_file(rel).open("rb") as f:
+        r = prod["client"].post("/v1/jobs", files={"file": (Path(rel).name, f)}, data=data)
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def test_ready_and_a_job_completes(prod, receiver_server):
+    c = prod["client"]
+    ready = c.get("/readyz").json()
+    assert ready["status"] == "ok", ready
+    job_id = submit(prod, "en_jfk_inaugural/jfk.flac", webhook_url=receiver_server.url)
+    job = wait_status(c, job_id, FINAL)
+    assert job["status"] == "completed", (job, prod["procs"]["short"].tail(), prod["procs"]["engine"].tail())
+    assert job["metrics"]["engine_id"].endswith(f":{prod['eport']}:cpu") and job["metrics"]["rtf"] > 0
+    assert "ask not" in c.get(f"/v1/jobs/{job_id}/transcript", params={"format": "text"}).text.lower()
+    headers, body = receiver_server.wait(1)[0]
+    assert json.loads(body)["data"]["id"] == job_id
+    assert verify(prod["key"]["webhook_secret"], headers, body)  # signed with this key's own secret
+
+
+def test_worker_killed_mid_job_completes_exactly_once(prod, receiver_server):
+    c, procs = prod["client"], prod["procs"]
+    n_before = len(receiver_server.calls)
+    job_id = submit(prod, "en_2spk_phonecall_pyannote_sample/sample.wav", webhook_url=receiver_server.url)
+    assert wait_status(c, job_id, ("processing", *FINAL))["status"] == "processing"
+    procs["short"].kill()  # SIGKILL: no ack, no cleanup
+    procs["short"].start()
+    job = wait_status(c, job_id, FINAL)
+    assert job["status"] == "completed", (job, procs["short"].tail())
+    assert job["attempts"] == 2  # the message came back once, and the row counted it
+    calls = receiver_server.wait(n_before + 1)
+    time.sleep(2)  # a duplicate completion would notify again
+    mine = [json.loads(b) for _h, b in receiver_server.calls[n_before:] if json.loads(b)["data"]["id"] == job_id]
+    assert len(mine) == 1 and mine[0]["type"] == "job.completed", calls
+
+
+def test_engine_killed_mid_job_is_retried(prod):
+    c, procs = prod["client"], prod["procs"]
+    job_id = submit(prod, "en_2spk_phonecall_pyannote_sample/sample.wav")
+    assert wait_status(c, job_id, ("processing", *FINAL))["status"] == "processing"
+    time.sleep(0.5)
+    procs["engine"].kill()
+    procs["engine"].start()
+    job = wait_status(c, job_id, FINAL, timeout_s=600)
+    assert job["status"] == "completed", (job, procs["engine"].tail(), procs["short"].tail())
+    assert job["attempts"] >= 2
+
+
+@pytest.fixture(scope="module")
+def receiver_server():
+    r = Receiver()
+    yield r
+    r.close()
