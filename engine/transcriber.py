@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +24,9 @@ from engine.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
 from engine.engine import Engine
 from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
 from engine.request import FinishReason, Sequence
-from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
+from engine.progress import EventFn, WindowProgress
+from engine.streaming import IncrementalDetokenizer
 from engine.windows import Window, pack_windows
-
-EventFn = Callable[[str, dict], None]
-
 
 class EngineError(RuntimeError):
     """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
@@ -59,59 +57,6 @@ class TranscribeOptions:
     max_new_tokens: int | None = None
     diarize: bool = True
     word_timestamps: bool = True
-
-
-class _Progress:
-    """Collects per-window events into ordered, coalesced transcription events."""
-
-    def __init__(self, n: int, on_event: EventFn | None, interval_s: float) -> None:
-        self.on_event = on_event
-        self.n = n
-        self.next_window = 0
-        self.pending: dict[int, str] = {}
-        self.done: set[int] = set()
-        self.started = False
-        self.lock = threading.Lock()
-        self.coalescer = DeltaCoalescer(interval_s)
-        self.cond = threading.Condition(self.lock)
-
-    def emit(self, kind: str, payload: dict) -> None:
-        if self.on_event is not None:
-            self.on_event(kind, payload)
-
-    def text(self, index: int, delta: str) -> None:
-        with self.lock:
-            if not self.started:
-                self.started = True
-                self.emit("started", {})
-            if index != self.next_window:
-                self.pending[index] = self.pending.get(index, "") + delta
-                return
-            out = self.coalescer.push(delta)
-            if out:
-                self.emit("delta", {"text": out})
-
-    def window_done(self, index: int, segments: list[dict]) -> None:
-        with self.cond:
-            self.done.add(index)
-            self.pending.setdefault(index, "")
-            self.pending[index] = segments  # type: ignore[assignment]
-            while self.next_window in self.done:
-                segs = self.pending.pop(self.next_window)
-                for seg in segs:
-                    self.emit("segment", {"start": seg["start"], "end": seg["end"], "text": seg["text"]})
-                self.next_window += 1
-                buffered = self.pending.get(self.next_window)
-                if isinstance(buffered, str) and buffered:
-                    self.pending[self.next_window] = ""
-                    out = self.coalescer.push(buffered)
-                    if out:
-                        self.emit("delta", {"text": out})
-            if self.next_window >= self.n:
-                rest = self.coalescer.flush()
-                if rest:
-                    self.emit("delta", {"text": rest})
-            self.cond.notify_all()
 
 
 class Transcriber:
@@ -205,7 +150,7 @@ class Transcriber:
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
         prompt = whisper_prompt(self.tokens, prompt_ids)
         budget = opts.max_new_tokens or (self.engine.max_context - len(prompt))
-        progress = _Progress(len(windows), on_event, self.engine.config.stream_interval_s)
+        progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
         seqs: list[Sequence] = []
         keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
         for i, w in enumerate(windows):
@@ -224,7 +169,7 @@ class Transcriber:
             raise EngineError(errors[0].error or "engine step failed")
         return seqs
 
-    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: _Progress, w: Window):
+    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: WindowProgress, w: Window):
         def listener(seq: Sequence, kind: str, payload: Any) -> None:
             if kind == "token":
                 delta = detok.push(payload)
