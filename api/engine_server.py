@@ -62,7 +62,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
 
         def work() -> None:
             try:
-                q.put({"type": "result", "result": run(path, opts, lambda k, p: q.put({"type": k, **p}))})
+                result = run(path, opts, lambda k, p: q.put({"type": k, **p}))
+                q.put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 q.put({"type": "error", "code": e.code, "message": e.message})
             except Exception as e:  # the stream must end with a line the worker understands

@@ -92,7 +92,8 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
 
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
     svc.store.put_bytes(key, transcript.model_dump_json().encode())
-    if jobs.complete(svc, job_id, key, transcript, result, rt.engine.engine_id):
+    # The engine server names itself in the result; the client's own id is the fallback (in-process).
+    if jobs.complete(svc, job_id, key, transcript, result, result.get("engine_id") or rt.engine.engine_id):
         return Outcome("completed")
     svc.store.delete_prefix(key)  # canceled meanwhile, or another attempt won
     return Outcome("skipped")
