@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections import defaultdict
 from typing import Protocol
 
@@ -80,10 +81,13 @@ class _RedisSubscription:
         self.pubsub.subscribe(channel)
 
     def get(self, timeout: float) -> dict | None:
-        msg = self.pubsub.get_message(timeout=timeout)
-        if msg is None or msg.get("type") != "message":
-            return None
-        return json.loads(msg["data"])
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            # Subscription confirmations come back as None even when ignored: keep reading until the deadline.
+            msg = self.pubsub.get_message(timeout=left)
+            if msg is not None and msg.get("type") == "message":
+                return json.loads(msg["data"])
+        return None
 
     def close(self) -> None:
         self.pubsub.close()

@@ -1,0 +1,39 @@
+"""Job event bus: in-process, and Redis pub/sub across connections (what API replicas and workers use)."""
+
+from __future__ import annotations
+
+import pytest
+
+from diarist.events import LocalEventBus, RedisEventBus
+
+
+def roundtrip(bus) -> None:
+    sub = bus.subscribe("job_1")
+    other = bus.subscribe("job_2")
+    try:
+        bus.publish("job_1", {"type": "delta", "text": "héllo"})
+        bus.publish("job_1", {"type": "status", "status": "completed"})
+        got = [sub.get(timeout=5), sub.get(timeout=5)]
+        assert got == [{"type": "delta", "text": "héllo"}, {"type": "status", "status": "completed"}]
+        assert other.get(timeout=0.2) is None
+        assert sub.get(timeout=0.2) is None
+    finally:
+        sub.close()
+        other.close()
+
+
+def test_local_bus():
+    bus = LocalEventBus()
+    roundtrip(bus)
+    assert not bus._subs  # closed subscriptions are forgotten
+
+
+@pytest.mark.services
+def test_redis_bus():
+    from tests.servers import start_redis
+
+    url, stop = start_redis()
+    try:
+        roundtrip(RedisEventBus(url))
+    finally:
+        stop()
