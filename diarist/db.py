@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,9 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+# A source checkout (or an editable install) keeps migrations/ beside the packages; an image that installs
+# the wheel elsewhere points DIARIST_MIGRATIONS_DIR at its copy.
+MIGRATIONS_DIR = Path(os.environ.get("DIARIST_MIGRATIONS_DIR") or Path(__file__).resolve().parents[1] / "migrations")
 
 
 def _ensure_sqlite_dir(url: str) -> None:
