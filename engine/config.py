@@ -24,6 +24,8 @@ class EngineConfig:
         chunk_size: prefill token budget per step (tokens); a longer prompt is split over several steps.
         max_context: context length in tokens; ``None`` takes the model's.
         attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA).
+        cuda_graph_max_bs: largest decode batch replayed as a CUDA graph (CUDA + ``"triton"`` only;
+            0 disables graphs). Buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32.
         stream_interval_s: coalescing window for streamed text deltas (seconds).
         threads: torch intra-op threads on CPU (``None`` leaves torch's default).
     """
@@ -40,6 +42,7 @@ class EngineConfig:
     chunk_size: int = 4096
     max_context: int | None = None
     attention_backend: str = "torch"
+    cuda_graph_max_bs: int = 64
     stream_interval_s: float = 0.05
     threads: int | None = None
     seed: int = 0

@@ -48,6 +48,8 @@ class Engine:
         self.attn = make_backend(cfg.attention_backend, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs)
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
+        if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
+            self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None

@@ -18,6 +18,14 @@ class ModelRunner:
         self.attn = attn
         self.table = table
         self.device = device
+        self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured; eager otherwise
+
+    def capture_cuda_graphs(self, max_batch_size: int) -> None:
+        """Capture decode graphs for batch sizes up to ``max_batch_size`` (CUDA + graph-capable backend)."""
+        from engine.cuda_graph import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self.model, self.attn, self.device, max_batch_size)
+        self.graphs.capture()
 
     def build(self, step: ScheduledBatch) -> tuple[ForwardBatch, list[bool]]:
         """Pack the step. Returns the batch and, per item, whether its last new token is sampled
@@ -75,5 +83,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits float32 ``[B, vocab]`` at each item's last new token."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)[0]
         self.attn.prepare(batch)
         return self.model(batch, self.attn)

@@ -1,6 +1,17 @@
-"""Audio input: decode any container to 16 kHz float32, log-mel features, voice activity."""
+"""Audio input: decode any container to 16 kHz float32, log-mel features, voice activity.
 
-from engine.audio.decode import SAMPLE_RATE, AudioError, DecodedAudio, decode_audio, probe_duration
+``decode`` (PyAV) is imported on first use, so the models, which need only ``mel``, import on machines
+without PyAV (the GPU image).
+"""
+
 from engine.audio.mel import log_mel_spectrogram
 
 __all__ = ["SAMPLE_RATE", "AudioError", "DecodedAudio", "decode_audio", "log_mel_spectrogram", "probe_duration"]
+
+
+def __getattr__(name: str):
+    if name in ("SAMPLE_RATE", "AudioError", "DecodedAudio", "decode_audio", "probe_duration"):
+        from engine.audio import decode
+
+        return getattr(decode, name)
+    raise AttributeError(f"module 'engine.audio' has no attribute {name!r}")

@@ -1,0 +1,239 @@
+"""Engine benchmark on one GPU: MOSS-TD full-size shape with dummy weights, bf16, greedy, fixed output
+lengths (EOS and the repetition guard off), audio of the stated length (random noise: content does not
+matter for speed; the encoder still runs on it).
+
+Workloads (issue 8):
+  w-short  N requests x 12.0 s audio, 60 output tokens, closed loop at concurrency 1, 16, 64;
+  w-long   38.0 min (2,280 s) audio, 10,260 output tokens; concurrency 1 (3 requests) and 16 (16 requests);
+  w-90     one 90-minute request, 24,300 output tokens.
+Also: decode ms/step at batch 1 and ~35K context (wall per engine step, and GPU time of one graph replay),
+the naive transformers baseline on the same weights, and each workload's HBM limit from the copy bandwidth
+measured in the same run. Prints one JSON object (also written to ``--out``).
+
+Run on the GPU machine:  python benchmarks/bench_engine.py --out benchmarks/results/engine_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_baselines import (  # noqa: E402
+    decoder_weight_bytes, hbm_limit_s, measure_copy_bandwidth, naive_transformers_ms_per_token)
+
+from engine import Engine, EngineConfig, Sequence  # noqa: E402
+from engine.moss_td_pipeline import build_moss_sequence  # noqa: E402
+
+WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
+    "w-short-c1": (800, 12.0, 60, 1),
+    "w-short-c16": (800, 12.0, 60, 16),
+    "w-short-c64": (800, 12.0, 60, 64),
+    "w-long-c1": (3, 2280.0, 10_260, 1),
+    "w-long-c16": (16, 2280.0, 10_260, 16),
+    "w-90": (1, 5400.0, 24_300, 1),
+}
+
+
+def make_engine(args) -> Engine:
+    return Engine(EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
+                               attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
+                               max_running_requests=64, chunk_size=args.chunk_size,
+                               kv_memory_fraction=args.kv_fraction, seed=0))
+
+
+def _request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
+    seq = build_moss_sequence(engine, wave, max_new_tokens=out_tokens)
+    seq.ignore_eos = True
+    seq.stop_checker = None  # random weights loop; the benchmark wants every token
+    return seq
+
+
+def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int, concurrency: int,
+                 rng: np.random.Generator) -> tuple[dict, list[Sequence]]:
+    """Closed loop: keep ``concurrency`` requests in flight until ``requests`` have finished."""
+    wave = (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32)
+    todo, inflight, done = requests, [], []
+    max_stall = 0.0
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while todo or inflight:
+        while todo and len(inflight) < concurrency:
+            seq = _request(engine, wave, out_tokens)
+            engine.submit(seq)
+            inflight.append(seq)
+            todo -= 1
+        mixed = any(not s.prefill_done for s in inflight) and any(s.prefill_done for s in inflight)
+        ts = time.perf_counter()
+        engine.step()
+        if mixed:  # a decode step that also carried a prefill chunk
+            max_stall = max(max_stall, time.perf_counter() - ts)
+        done += [s for s in inflight if s.finished]
+        inflight = [s for s in inflight if not s.finished]
+    wall = time.perf_counter() - t0
+    lat = np.array([s.timings.finished - s.timings.arrival for s in done])
+    rtf = lat / audio_s
+    out = {
+        "requests": requests, "audio_s": audio_s, "output_tokens": out_tokens, "concurrency": concurrency,
+        "prompt_tokens": done[0].prompt_len, "wall_s": wall, "req_per_s": requests / wall,
+        "audio_s_per_s": requests * audio_s / wall,
+        "rtf_mean": float(rtf.mean()), "rtf_p50": float(np.percentile(rtf, 50)), "rtf_p95": float(np.percentile(rtf, 95)),
+        "latency_mean_s": float(lat.mean()), "latency_p95_s": float(np.percentile(lat, 95)),
+        "encoder_s_mean": float(np.mean([s.timings.encoder_s for s in done])),
+        "prefill_s_mean": float(np.mean([s.timings.prefill_s for s in done])),
+        "decode_s_mean": float(np.mean([s.timings.decode_s for s in done])),
+        "worst_mixed_step_s": max_stall,
+        "truncated": sum(len(s.output_ids) != out_tokens for s in done),
+        "finish_reasons": sorted({str(s.finish_reason.value) for s in done}),
+    }
+    return out, done
+
+
+def stall_probe(engine: Engine, decodes: int, audio_s: float, rng: np.random.Generator) -> dict:
+    """Worst decode stall while a long prompt prefills: ``decodes`` 12 s requests decoding, then one
+    ``audio_s`` request arrives; step times of pure-decode steps vs steps that carry a prefill chunk."""
+    short = (rng.standard_normal(192_000) * 0.1).astype(np.float32)
+    running = [_request(engine, short, 4000) for _ in range(decodes)]
+    for s in running:
+        engine.submit(s)
+    while not all(s.prefill_done for s in running):
+        engine.step()
+    pure = []
+    for _ in range(20):
+        ts = time.perf_counter()
+        engine.step()
+        pure.append(time.perf_counter() - ts)
+    long = _request(engine, (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32), 1)
+    engine.submit(long)
+    mixed = []
+    while not long.prefill_done:
+        ts = time.perf_counter()
+        engine.step()
+        mixed.append(time.perf_counter() - ts)
+    for s in running + [long]:
+        engine.abort(s)
+    engine.step()
+    return {"decodes": decodes, "long_audio_s": audio_s, "long_prompt_tokens": long.prompt_len,
+            "pure_decode_step_ms_p50": float(np.median(pure)) * 1e3,
+            "mixed_step_ms_max_excl_encoder": float(np.max(mixed[1:])) * 1e3 if len(mixed) > 1 else None,
+            "first_step_ms_incl_encoder": mixed[0] * 1e3, "mixed_steps": len(mixed)}
+
+
+def decode_step_probe(engine: Engine, context: int, steps: int, profile: bool) -> dict:
+    """One text-only request with a ``context``-token prompt; time ``steps`` decode steps at batch 1."""
+    ids = np.random.default_rng(1).integers(0, 150_000, context).tolist()
+    seq = Sequence(prompt_ids=ids, max_new_tokens=steps + 40, ignore_eos=True)
+    engine.submit(seq)
+    while not seq.prefill_done or len(seq.output_ids) < 8:
+        engine.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        engine.step()
+    wall_ms = (time.perf_counter() - t0) / steps * 1e3
+    out = {"context": context, "steps": steps, "wall_ms_per_step": wall_ms}
+    graphs = engine.runner.graphs
+    if graphs is not None:  # GPU time of the bucket-1 graph alone (the live row stays in place)
+        g = graphs.graphs[1][0]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(50):
+            g.replay()
+        b.record()
+        b.synchronize()
+        out["gpu_ms_per_step"] = a.elapsed_time(b) / 50
+    if profile:
+        from torch.profiler import ProfilerActivity, profile as prof
+
+        with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+            for _ in range(10):
+                engine.step()
+            torch.cuda.synchronize()
+        rows = sorted(p.key_averages(), key=lambda e: -e.device_time_total)[:15]
+        out["profile_top_device_us_per_step"] = {e.key[:80]: round(e.device_time_total / 10, 1) for e in rows}
+    engine.abort(seq)
+    engine.step()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated names")
+    ap.add_argument("--requests", default="", help="overrides, e.g. w-short-c1=100,w-long-c1=1")
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--graph-max-bs", type=int, default=64)
+    ap.add_argument("--chunk-size", type=int, default=4096)
+    ap.add_argument("--kv-fraction", type=float, default=0.85)
+    ap.add_argument("--probe-context", type=int, default=35_000)
+    ap.add_argument("--probe-steps", type=int, default=200)
+    ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--stall-probe", action="store_true", help="decode stall while a 90-min prompt prefills")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    overrides = dict(kv.split("=") for kv in args.requests.split(",") if kv)
+    res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
+                 "torch": torch.__version__}
+    try:
+        res["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        res["commit"] = None
+    bw = measure_copy_bandwidth()
+    t0 = time.perf_counter()
+    engine = make_engine(args)
+    res["engine_start_s"] = time.perf_counter() - t0
+    wbytes = decoder_weight_bytes(engine.model)
+    kvb = engine.kv_bytes_per_token
+    res.update(copy_bandwidth_tb_s=bw / 1e12, decoder_weight_gb=wbytes / 1e9, kv_bytes_per_token=kvb,
+               kv_pool_tokens=engine.allocator.num_slots)
+    res["decode_probe"] = decode_step_probe(engine, args.probe_context, args.probe_steps, args.profile)
+    res["decode_probe"]["hbm_limit_ms"] = (wbytes + args.probe_context * kvb) / bw * 1e3
+    rng = np.random.default_rng(0)
+    if args.stall_probe:
+        res["stall_probe"] = stall_probe(engine, 16, 5400.0, rng)
+        print("stall", json.dumps(res["stall_probe"]), flush=True)
+    res["workloads"] = {}
+    for name in [w for w in args.workloads.split(",") if w]:
+        n, audio_s, out_tokens, conc = WORKLOADS[name]
+        n = int(overrides.get(name, n))
+        torch.cuda.reset_peak_memory_stats()
+        stats, done = run_workload(engine, n, audio_s, out_tokens, conc, rng)
+        rounds, batch = (n, 1) if conc == 1 else (-(-n // conc), min(conc, n))
+        stats["hbm_limit_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"], out_tokens)
+        stats["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)
+        res["workloads"][name] = stats
+        print(name, json.dumps(stats), flush=True)
+    res["kv_pool_gib"] = kvb * engine.allocator.num_slots / (1 << 30)
+    if args.naive_steps:
+        del engine
+        torch.cuda.empty_cache()
+        loaded = make_engine_model_only()
+        res["naive_transformers"] = naive_transformers_ms_per_token(loaded, args.probe_context, args.naive_steps)
+        ms = res["naive_transformers"]["ms_per_token"]
+        res["naive_transformers"]["extrapolated_w_long_c1_s_per_request"] = ms * 10_260 / 1e3
+    print(json.dumps(res, indent=1))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+def make_engine_model_only() -> torch.nn.Module:
+    """The same dummy weights (same seed) without an engine around them."""
+    from engine.loaders.moss_td import load_moss_td
+
+    return load_moss_td(EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
+                                     seed=0)).model
+
+
+if __name__ == "__main__":
+    main()
