@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from api import errors
+from api import admin, errors
 from api.routes import events, health, jobs, openai
 from diarist.services import Services
 
@@ -34,4 +34,5 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(openai.router)
+    app.include_router(admin.router)  # /admin dashboard and /metrics
     return app

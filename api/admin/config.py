@@ -1,0 +1,33 @@
+"""Dashboard settings: environment variables with the prefix ``DIARIST_ADMIN_``.
+
+Kept apart from :class:`diarist.settings.Settings` because only the API process reads them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AdminSettings(BaseSettings):
+    """``session_ttl_s`` seconds; ``engine_urls`` the engine servers whose ``/stats`` the dashboard shows."""
+
+    model_config = SettingsConfigDict(env_prefix="DIARIST_ADMIN_", env_file=None, extra="ignore")
+
+    session_secret: str | None = Field(
+        None, description="HMAC key for session cookies; set it when several API replicas serve /admin. "
+                          "Unset: derived from DIARIST_WEBHOOK_SECRET, else random per process.")
+    session_ttl_s: int = Field(12 * 3600, description="A login lasts this long.")
+    cookie_secure: bool = Field(True, description="Send the session cookie over HTTPS only (browsers also "
+                                                  "accept it on http://localhost).")
+    engine_urls: list[str] | None = Field(None, description="Engine servers to show; default [DIARIST_ENGINE_URL].")
+    engine_timeout_s: float = 1.0
+    page_size: int = 50
+    refresh_s: float = Field(5.0, description="How often the overview polls for fresh numbers.")
+
+
+@lru_cache
+def get_admin_settings() -> AdminSettings:
+    return AdminSettings()
