@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import errors
 from api.errors import ApiError
+from api.metrics import engine_metrics_router
 
 CHUNK = 1 << 20
 _END = object()
@@ -47,6 +48,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
     tr = Transcriber(engine)
     app = FastAPI(title="Diarist engine", version="1")
     errors.install(app)
+    app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
     def run(path: Path, opts: Any, on_event: Any) -> dict:
         try:
