@@ -88,6 +88,7 @@ class EmbeddedStack:
         self.worker = EmbeddedWorker(self.services, client, concurrency=self.worker_concurrency)
         self.worker.start()
         self.app = create_app(self.services, engine_ready=lambda: self.engine is not None)
+        self.app.state.engine_stats = lambda: {client.engine_id: self.engine.stats()}  # /admin, /metrics
         return self
 
     def serve_in_thread(self, host: str = "127.0.0.1", port: int = 0) -> str:
