@@ -63,7 +63,7 @@ def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int,
     """Closed loop: keep ``concurrency`` requests in flight until ``requests`` have finished."""
     wave = (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32)
     todo, inflight, done = requests, [], []
-    max_stall = 0.0
+    max_stall, pure_steps = 0.0, []
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -76,8 +76,11 @@ def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int,
         mixed = any(not s.prefill_done for s in inflight) and any(s.prefill_done for s in inflight)
         ts = time.perf_counter()
         engine.step()
+        dt = time.perf_counter() - ts
         if mixed:  # a decode step that also carried a prefill chunk
-            max_stall = max(max_stall, time.perf_counter() - ts)
+            max_stall = max(max_stall, dt)
+        elif all(s.prefill_done for s in inflight):
+            pure_steps.append(dt)
         done += [s for s in inflight if s.finished]
         inflight = [s for s in inflight if not s.finished]
     wall = time.perf_counter() - t0
@@ -93,6 +96,8 @@ def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int,
         "prefill_s_mean": float(np.mean([s.timings.prefill_s for s in done])),
         "decode_s_mean": float(np.mean([s.timings.decode_s for s in done])),
         "worst_mixed_step_s": max_stall,
+        "decode_step_ms_p50": float(np.median(pure_steps)) * 1e3 if pure_steps else None,
+        "decode_step_ms_last100": float(np.mean(pure_steps[-100:])) * 1e3 if pure_steps else None,
         "truncated": sum(len(s.output_ids) != out_tokens for s in done),
         "finish_reasons": sorted({str(s.finish_reason.value) for s in done}),
     }
@@ -170,6 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated names")
     ap.add_argument("--requests", default="", help="overrides, e.g. w-short-c1=100,w-long-c1=1")
+    ap.add_argument("--tokens", default="", help="output-token overrides (shortened runs are projected)")
+    ap.add_argument("--commit", default="", help="commit of the tree (the device copy has no git history)")
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--graph-max-bs", type=int, default=64)
     ap.add_argument("--chunk-size", type=int, default=4096)
@@ -182,12 +189,11 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     overrides = dict(kv.split("=") for kv in args.requests.split(",") if kv)
+    tok_over = dict(kv.split("=") for kv in args.tokens.split(",") if kv)
     res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__}
-    try:
-        res["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        res["commit"] = None
+    res["commit"] = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                                  text=True).stdout.strip()
     bw = measure_copy_bandwidth()
     t0 = time.perf_counter()
     engine = make_engine(args)
@@ -199,17 +205,25 @@ def main() -> None:
     res["decode_probe"] = decode_step_probe(engine, args.probe_context, args.probe_steps, args.profile)
     res["decode_probe"]["hbm_limit_ms"] = (wbytes + args.probe_context * kvb) / bw * 1e3
     rng = np.random.default_rng(0)
+    run_workload(engine, 4, 12.0, 8, 2, rng)  # warm-up: encoder, mel and prefill kernels
     if args.stall_probe:
         res["stall_probe"] = stall_probe(engine, 16, 5400.0, rng)
         print("stall", json.dumps(res["stall_probe"]), flush=True)
     res["workloads"] = {}
     for name in [w for w in args.workloads.split(",") if w]:
-        n, audio_s, out_tokens, conc = WORKLOADS[name]
+        n, audio_s, full_tokens, conc = WORKLOADS[name]
         n = int(overrides.get(name, n))
+        out_tokens = int(tok_over.get(name, full_tokens))
         torch.cuda.reset_peak_memory_stats()
         stats, done = run_workload(engine, n, audio_s, out_tokens, conc, rng)
         rounds, batch = (n, 1) if conc == 1 else (-(-n // conc), min(conc, n))
         stats["hbm_limit_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"], out_tokens)
+        if out_tokens != full_tokens:  # linear projection at the last measured step time (a lower bound)
+            stats["full_output_tokens"] = full_tokens
+            stats["projected_full_wall_s"] = stats["wall_s"] + rounds * (full_tokens - out_tokens) * \
+                stats["decode_step_ms_last100"] / 1e3
+            stats["hbm_limit_full_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"],
+                                                    full_tokens)
         stats["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)
         res["workloads"][name] = stats
         print(name, json.dumps(stats), flush=True)
