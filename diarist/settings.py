@@ -28,14 +28,14 @@ class Settings(BaseSettings):
     events_url: str | None = Field(None, description="Redis URL for job events (SSE); default the broker if redis, else in-process.")
 
     # -- object store ---------------------------------------------------------------------------------
-    storage: Literal["local", "s3"] = "local"
+    storage: Literal["local", "s3"] = Field("local", description="Object store backend: local directory or S3.")
     storage_dir: Path | None = Field(None, description="Local backend root; default <data_dir>/objects.")
-    s3_bucket: str = "diarist"
+    s3_bucket: str = Field("diarist", description="Bucket for audio and transcripts.")
     s3_endpoint_url: str | None = Field(None, description="Any S3-compatible endpoint (MinIO); None = AWS.")
-    s3_region: str | None = None
-    s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
-    s3_prefix: str = ""
+    s3_region: str | None = Field(None, description="S3 region (us-east-1 when unset).")
+    s3_access_key_id: str | None = Field(None, description="S3 credentials; unset = boto3's default chain.")
+    s3_secret_access_key: str | None = Field(None, description="S3 secret key.")
+    s3_prefix: str = Field("", description="Key prefix inside the bucket (several deployments, one bucket).")
     s3_create_bucket: bool = Field(False, description="Create the bucket at start if it does not exist.")
 
     # -- engine ---------------------------------------------------------------------------------------
@@ -43,39 +43,38 @@ class Settings(BaseSettings):
     model_path: str | None = Field(None, description="Checkpoint dir; None = the bundled tiny.en.")
     served_models: list[str] = Field(["whisper", "whisper-1", "tiny.en"],
                                      description="Names accepted in the `model` request field; others get 422.")
-    device: str = "cpu"
+    device: str = Field("cpu", description="Engine device: cpu, cuda or cuda:N.")
     engine_url: str = Field("http://127.0.0.1:8100", description="The engine server workers talk to (non-embedded).")
-    engine_host: str = "127.0.0.1"
-    engine_port: int = 8100
+    engine_host: str = Field("127.0.0.1", description="`diarist engine` listen address (keep it loopback).")
+    engine_port: int = Field(8100, description="`diarist engine` listen port.")
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
-    engine_max_running_requests: int = 64
-    engine_kv_budget_bytes: int | None = None
+    engine_max_running_requests: int = Field(64, description="Concurrent sequences in the engine batch.")
+    engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
 
     # -- queues and workers ---------------------------------------------------------------------------
     long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
-    short_concurrency: int = 4
-    long_concurrency: int = 2
-    webhook_concurrency: int = 4
+    short_concurrency: int = Field(4, description="Threads of `diarist worker --class short`.")
+    long_concurrency: int = Field(2, description="Threads of `diarist worker --class long`.")
+    webhook_concurrency: int = Field(4, description="Threads of `diarist worker --class webhooks`.")
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
-    engine_retry_delay_s: float = 2.0
+    engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
     visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
 
     # -- API and limits -------------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
+    port: int = Field(8000, description="API listen port.")
     auth: bool | None = Field(None, description="Bearer API keys; None = on, except in embedded mode.")
     max_upload_bytes: int = Field(2 * 1024**3, description="Larger uploads or downloads get 413.")
     max_duration_s: float = Field(5400.0, description="Longer audio gets 422 too_long (90 min).")
     min_duration_s: float = Field(0.1, description="Shorter audio gets 422 too_short.")
-    url_fetch_timeout_s: float = 60.0
+    url_fetch_timeout_s: float = Field(60.0, description="Timeout for fetching an `audio_url`.")
     sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result.")
-    page_size_max: int = 200
 
     # -- webhooks -------------------------------------------------------------------------------------
-    webhook_timeout_s: float = 10.0
-    webhook_max_attempts: int = 6
+    webhook_timeout_s: float = Field(10.0, description="Receiver must answer within this.")
+    webhook_max_attempts: int = Field(6, description="Delivery attempts before giving up.")
     webhook_backoff_s: float = Field(5.0, description="First retry delay; doubles each attempt.")
-    webhook_backoff_max_s: float = 600.0
+    webhook_backoff_max_s: float = Field(600.0, description="Cap on one retry delay.")
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
         [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")

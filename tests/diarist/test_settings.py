@@ -35,3 +35,10 @@ def test_invalid_values_are_rejected(monkeypatch):
     monkeypatch.setenv("DIARIST_STORAGE", "ftp")
     with pytest.raises(pydantic.ValidationError):
         Settings()
+
+
+def test_every_setting_is_documented():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    missing = [n for n in Settings.model_fields if f"`DIARIST_{n.upper()}`" not in doc]
+    assert not missing, f"document these in docs/service.md: {missing}"
+    assert all(f.description for f in Settings.model_fields.values())
