@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,7 +39,7 @@ def last_hour(db: Database, now: datetime | None = None, bucket_s: int = 60, win
             Job.status == JobStatus.COMPLETED.value, Job.finished_at > start, Job.finished_at <= now)
             .limit(ROW_LIMIT))
         for finished, dur in done:
-            i = min(n - 1, bisect_right(end_ts, as_utc(finished).timestamp() - 1e-9))
+            i = min(n - 1, bisect_left(end_ts, as_utc(finished).timestamp()))  # bucket i is (end[i-1], end[i]]
             throughput[i] += float(dur or 0.0) / bucket_s
         waited = s.execute(select(Job.queue, Job.created_at, Job.started_at, Job.finished_at, Job.status).where(
             Job.created_at <= now,
