@@ -1,11 +1,14 @@
-"""A job's timeline as consecutive phases: queued → engine wait → encoding → prefill → decode → stored.
+"""A job's timeline as consecutive phases: queued → [vad] → engine wait → encoding → prefill → decode →
+[diarization] → stored.
 
-Sources: the job row's ``created_at`` / ``started_at`` / ``finished_at`` and the engine's per-request
-seconds in ``job_metrics`` (``queue_wait_s``, ``encoder_s``, ``prefill_s``, ``decode_s``). The engine
+Sources: the job row's ``created_at`` / ``started_at`` / ``finished_at``, the engine's per-request seconds
+in ``job_metrics`` (``queue_wait_s``, ``encoder_s``, ``prefill_s``, ``decode_s``) and, for the cascade
+pipeline, ``vad_s`` / ``diarization_s`` from ``job_metrics.extra`` (VAD runs before the engine requests,
+speaker clustering after them). The engine
 phases are laid end to end in their natural order; in the engine they can interleave (chunked prefill
 shares steps with other requests' decodes), so the bar shows how long each took, not exact wall-clock
-boundaries. "stored" is the rest of the processing span: fetching the audio, VAD / diarization, writing
-the transcript and metrics.
+boundaries. "stored" is the rest of the processing span: fetching and decoding the audio, writing the
+transcript and metrics.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 
 from api.admin.queries import seconds
 
-COLORS = {"queued": "#9aa5b1", "engine wait": "#c3a6e0", "encoding": "#4c8bf5", "prefill": "#f5a623",
+COLORS = {"queued": "#9aa5b1", "vad": "#8fd3e8", "diarization": "#e88fb4", "engine wait": "#c3a6e0", "encoding": "#4c8bf5", "prefill": "#f5a623",
           "decode": "#2fb380", "stored": "#637381", "processing": "#7fb3f5"}
 
 
@@ -40,13 +43,16 @@ def phases(job: Any, metrics: Any | None, now: datetime | None = None) -> list[d
     if metrics is None or finished is None:
         add("processing", span)
         return out
-    engine = 0.0
-    for name, attr in (("engine wait", "queue_wait_s"), ("encoding", "encoder_s"), ("prefill", "prefill_s"),
-                       ("decode", "decode_s")):
-        v = getattr(metrics, attr, None)
+    extra = getattr(metrics, "extra", None) or {}
+    steps = [("vad", extra.get("vad_s")), ("engine wait", metrics.queue_wait_s), ("encoding", metrics.encoder_s),
+             ("prefill", metrics.prefill_s), ("decode", metrics.decode_s),
+             ("diarization", extra.get("diarization_s"))]
+    used = 0.0
+    for name, v in steps:
+        v = v if isinstance(v, (int, float)) else None
         add(name, v)
-        engine += max(0.0, v or 0.0)
-    add("stored", span - engine)
+        used += max(0.0, v or 0.0)
+    add("stored", span - used)
     return out
 
 

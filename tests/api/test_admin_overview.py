@@ -119,6 +119,11 @@ def test_timeline_phases_in_order_and_summing_to_the_span():
     bar = timeline.bar(parts)
     assert bar["total_s"] == 80.0
     assert [round(p["x"], 2) for p in bar["parts"]] == [0.0, 250.0, 275.0, 337.5, 375.0, 875.0]
+    # the cascade's VAD and diarization seconds (job_metrics.extra) get their own phases
+    m.extra = {"vad_s": 1.5, "diarization_s": 2.5, "windows": 3}
+    assert [(p["name"], p["seconds"]) for p in timeline.phases(job, m, now=NOW)] == [
+        ("queued", 20.0), ("vad", 1.5), ("engine wait", 2.0), ("encoding", 5.0), ("prefill", 3.0),
+        ("decode", 40.0), ("diarization", 2.5), ("stored", 6.0)]
     # still running: queued then "processing" up to now; never started: queued only
     running = SimpleNamespace(created_at=at(2), started_at=at(1), finished_at=None)
     assert [(p["name"], p["seconds"]) for p in timeline.phases(running, None, now=NOW)] == [
