@@ -96,10 +96,11 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     left = engine.max_context - len(p.ids)
     if left < MIN_OUTPUT_TOKENS:
         per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
+        fit_min = (engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60
         raise RequestRejected(
-            "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with at "
-                        f"least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token context "
-                        f"(about {(engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60:.0f} min of audio fit)")
+            "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with "
+                        f"at least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token "
+                        f"context (about {fit_min:.0f} min of audio fit)")
     budget = default_budget(duration) if max_new_tokens is None else int(max_new_tokens)
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget
@@ -109,8 +110,8 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
         raise RequestRejected(
             "kv_capacity", f"{duration / 60:.1f} min of audio needs {need} KV tokens (prompt {len(p.ids)} + "
                            f"output budget {budget}) = {need * per / GiB:.2f} GiB, but the engine's KV cache "
-                           f"holds {slots} tokens = {slots * per / GiB:.2f} GiB; give the engine more KV memory "
-                           f"or set a smaller max_new_tokens")
+                           f"holds {slots} tokens = {slots * per / GiB:.2f} GiB; give the engine more KV "
+                           f"memory or set a smaller max_new_tokens")
     guard = RepetitionGuard(duration, canonical=_digit_class, progress_fn=TimestampProgress(engine.tokenizer))
     return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
                     stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),

@@ -62,7 +62,8 @@ def _copy_weights(model: MossTDForConditionalGeneration, path: Path) -> None:
                     continue
                 t = sf.get_tensor(name)
                 if tuple(t.shape) != tuple(p.shape):
-                    raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
+                    raise CheckpointError(
+                        f"{path}: {name} has shape {tuple(t.shape)}, expected {tuple(p.shape)}")
                 with torch.no_grad():
                     p.copy_(t)
                 seen.add(name)
@@ -124,7 +125,9 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         else:
             _init_random(model, cfg.seed, float(conf.get("init_std", 0.02)), device)
     model = model.to(dtype=_dtype(cfg.dtype)).eval()
-    tok_file = path / "tokenizer.json" if path is not None and (path / "tokenizer.json").is_file() else ASSET_TOKENIZER
+    tok_file = ASSET_TOKENIZER
+    if path is not None and (path / "tokenizer.json").is_file():
+        tok_file = path / "tokenizer.json"
     info = {
         "family": "moss-td", "path": str(path) if path else None, "format": fmt, "config": conf,
         "name": path.name if path is not None else "moss-td-dummy",

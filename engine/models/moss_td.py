@@ -61,7 +61,8 @@ class MossTDConfig:
                   encoder_batch=int(d.get("encoder_batch", base.encoder_batch)))
         dim = d.get("adaptor_input_dim")
         if dim is not None and dim != out.audio.d_model * out.audio_merge_size:
-            raise ValueError(f"adaptor_input_dim {dim} != d_model {out.audio.d_model} x merge {out.audio_merge_size}")
+            raise ValueError(
+                f"adaptor_input_dim {dim} != d_model {out.audio.d_model} x merge {out.audio_merge_size}")
         return out
 
 
@@ -151,7 +152,8 @@ class MossTDForConditionalGeneration(nn.Module):
             ids = torch.tensor(seq.prompt_ids, dtype=torch.int64)
             is_audio = ids == self.config.audio_token_id
             if int(is_audio.sum()) != emb.shape[0]:
-                raise ValueError(f"prompt has {int(is_audio.sum())} <|audio_pad|> tokens, audio gives {emb.shape[0]}")
+                raise ValueError(
+                    f"prompt has {int(is_audio.sum())} <|audio_pad|> tokens, audio gives {emb.shape[0]}")
             index = torch.where(is_audio, torch.cumsum(is_audio, 0) - 1, -1).to(emb.device)
             seq.mm_state["embed_fn"] = _EmbedSource(seq, emb, index)
 

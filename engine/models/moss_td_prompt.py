@@ -108,7 +108,8 @@ def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
     before, after = render_chat(instruction).split(AUDIO_PAD)
     counts = window_token_counts(num_samples)
     n = sum(counts)
-    ids = tokenizer.encode(before) + audio_span_ids(n, audio_id, digits, marker_every_s) + tokenizer.encode(after)
+    span = audio_span_ids(n, audio_id, digits, marker_every_s)
+    ids = tokenizer.encode(before) + span + tokenizer.encode(after)
     return MossPrompt(ids=ids, num_audio=n, window_tokens=counts)
 
 

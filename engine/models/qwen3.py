@@ -139,7 +139,7 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
-        """Token embeddings ``[T, hidden]``, replaced by ``batch.input_embeds`` where ``embeds_mask`` is set."""
+        """Token embeddings ``[T, hidden]``; ``batch.input_embeds`` replaces them where ``embeds_mask``."""
         x = self.embed_tokens(batch.input_ids)
         if batch.input_embeds is not None and batch.embeds_mask is not None:
             x = torch.where(batch.embeds_mask[:, None], batch.input_embeds.to(x.dtype), x)

@@ -35,7 +35,8 @@ def _noise(seconds: float, seed: int = 0) -> np.ndarray:
     return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
-@pytest.mark.parametrize("seconds,budget", [(0.5, 512), (51.2, 512), (60, 600), (100.01, 1001), (5400, 54_000)])
+@pytest.mark.parametrize("seconds,budget", [
+    (0.5, 512), (51.2, 512), (60, 600), (100.01, 1001), (5400, 54_000)])
 def test_default_budget(seconds, budget):
     assert default_budget(seconds) == budget
 
@@ -47,7 +48,8 @@ def test_budget_default_explicit_and_clamped(engine):
     assert build_moss_sequence(engine, _noise(20), max_new_tokens=7).max_new_tokens == 7
     long = build_moss_sequence(engine, _noise(120))  # default 1,200 tokens, but the context leaves fewer
     assert long.max_new_tokens == 2048 - long.prompt_len < 1200
-    assert build_moss_sequence(engine, _noise(120), max_new_tokens=10**6).max_new_tokens == long.max_new_tokens
+    huge = build_moss_sequence(engine, _noise(120), max_new_tokens=10**6)
+    assert huge.max_new_tokens == long.max_new_tokens
 
 
 def test_prompt_that_leaves_no_room_is_too_long(engine):

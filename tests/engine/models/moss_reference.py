@@ -46,7 +46,8 @@ class Reference:
         with torch.no_grad():
             for module in (self.encoder, self.lm, self.adaptor):
                 for name, p in module.named_parameters():
-                    is_norm = p.dim() == 1 and name.endswith("weight") and ("norm" in name or name == "3.weight")
+                    is_norm = p.dim() == 1 and name.endswith("weight") and (
+                        "norm" in name or name == "3.weight")
                     p.copy_((1.0 if is_norm else 0.0) + std * torch.randn(p.shape, generator=g))
         self.lm.tie_weights()
 
@@ -74,7 +75,8 @@ class Reference:
             part = {n: sd[n] for n in names[i::shards]}
             save_file(part, str(path / fname))
             weight_map |= {n: fname for n in part}
-        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index))
         conf = {"model_type": "moss_transcribe_diarize", "audio_token_id": AUDIO_ID, "audio_merge_size": 4,
                 "adaptor_input_dim": 4 * AUDIO["d_model"], "tie_word_embeddings": True,
                 "text_config": {**TEXT, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
@@ -82,7 +84,8 @@ class Reference:
         (path / "config.json").write_text(json.dumps(conf))
         (path / "tokenizer.json").write_bytes(ASSET_TOKENIZER.read_bytes())
         if marker_every_s is not None:
-            (path / "processor_config.json").write_text(json.dumps({"time_marker_every_seconds": marker_every_s}))
+            proc = {"time_marker_every_seconds": marker_every_s}
+            (path / "processor_config.json").write_text(json.dumps(proc))
         return path
 
     @torch.inference_mode()
@@ -95,7 +98,8 @@ class Reference:
         return self.adaptor(frames.reshape(-1, 4 * AUDIO["d_model"]))
 
     @torch.inference_mode()
-    def greedy(self, prompt_ids: list[int], wave: np.ndarray, n_new: int) -> tuple[list[int], list[torch.Tensor]]:
+    def greedy(self, prompt_ids: list[int], wave: np.ndarray,
+               n_new: int) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy tokens and the float32 ``[vocab]`` logits of each step."""
         ids = torch.tensor([prompt_ids])
         emb = self.lm.get_input_embeddings()(ids)

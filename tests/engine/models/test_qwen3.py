@@ -62,8 +62,10 @@ def _hf_greedy(hf, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
 
 def test_config_from_dict_variants():
     assert Qwen3Config.from_dict({"rope_theta": 5e5}).rope_theta == 5e5
-    assert Qwen3Config.from_dict({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}).rope_theta == 1e6
-    assert Qwen3Config.from_dict({"hidden_size": 64, "num_attention_heads": 4, "head_dim": None}).head_dim == 16
+    rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    assert Qwen3Config.from_dict(rope).rope_theta == 1e6
+    heads = {"hidden_size": 64, "num_attention_heads": 4, "head_dim": None}
+    assert Qwen3Config.from_dict(heads).head_dim == 16
     with pytest.raises(ValueError, match="yarn"):
         Qwen3Config.from_dict({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
