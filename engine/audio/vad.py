@@ -1,0 +1,110 @@
+"""Voice activity detection with Silero VAD (weights shipped in the ``silero-vad`` PyPI package).
+
+We run the package's "sequence" ONNX export (``silero_vad_16k_sequence.onnx``) through onnxruntime with
+one intra-op thread: it gives the same per-frame probabilities as the streaming model (32 ms frames of
+512 samples, LSTM state carried over) but scores up to 512 frames per call. The TorchScript variant
+steps the LSTM once per frame from Python; on a busy 2-core machine its tiny ops stall in torch's
+OpenMP pool (measured 0.3 s with one torch thread, 12 s with two, for 30 s of audio) and changing the
+thread count is process-wide, so we keep VAD off torch's pool. The package's own state machine
+(``get_speech_timestamps_from_probs``) turns probabilities into regions.
+
+Thresholds (Silero's defaults except where noted, chosen for ASR windows and diarization, not tuned to
+any test file):
+
+- ``threshold`` 0.5 enters speech, ``threshold - 0.15`` leaves it (Silero's hysteresis).
+- ``min_speech_s`` 0.25: shorter bursts (clicks, breaths) are dropped (Silero's default).
+- ``min_silence_s`` 0.3 (Silero: 0.1): a pause must last this long to split a region. Shorter gaps
+  are normal inside a sentence; splitting there would cut words out of Whisper windows.
+- ``pad_s`` 0.1 (Silero: 0.03): each region grows by this much on both sides (halved between regions
+  that are closer than twice the pad) so word onsets and trailing consonants stay inside.
+
+Level: Silero's probabilities fall with the input level, and far-field meeting audio sits around
+-40 dBFS. Before scoring, the recording is gained so its loud frames (95th percentile of 100 ms RMS) reach
+``TARGET_DBFS``, by at most ``MAX_GAIN_DB`` and never attenuated (``normalise_level``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from engine.audio.decode import SAMPLE_RATE
+
+FRAME = 512
+"""Samples per Silero frame at 16 kHz (32 ms)."""
+TARGET_DBFS = -20.0
+"""Level the loud frames are raised to before scoring (dBFS)."""
+MAX_GAIN_DB = 24.0
+"""Largest gain applied (dB), so near-silence is not raised to speech level."""
+
+_lock = threading.Lock()
+_model = None
+
+
+def _silero():
+    threads = torch.get_num_threads()
+    import silero_vad  # its first import calls torch.set_num_threads(1) for the whole process; undo that
+
+    torch.set_num_threads(threads)
+    return silero_vad
+
+
+def _load():
+    global _model
+    with _lock:
+        if _model is None:
+            _model = _silero().load_silero_vad(sequence=True)
+        return _model
+
+
+def normalise_level(wave: np.ndarray) -> np.ndarray:
+    """float32 ``[n]`` scaled so the 95th percentile of its 100 ms RMS values is ``TARGET_DBFS`` (gain in
+    ``[0, MAX_GAIN_DB]`` dB), clipped to [-1, 1]."""
+    hop = SAMPLE_RATE // 10
+    n = wave.size // hop
+    if n == 0:
+        return wave
+    rms = np.sqrt((wave[: n * hop].astype(np.float64).reshape(n, hop) ** 2).mean(1))
+    level = 20 * np.log10(np.percentile(rms, 95) + 1e-10)
+    gain_db = float(np.clip(TARGET_DBFS - level, 0.0, MAX_GAIN_DB))
+    return np.clip(wave * np.float32(10 ** (gain_db / 20)), -1.0, 1.0).astype(np.float32)
+
+
+def speech_probabilities(wave: np.ndarray) -> np.ndarray:
+    """Silero speech probability per 32 ms frame.
+
+    Args:
+        wave: float32 ``[n]`` mono PCM at 16 kHz.
+    Returns:
+        float32 ``[ceil(n / 512)]`` in [0, 1]; frame ``i`` covers samples ``[512 i, 512 (i + 1))``, the
+        last one zero-padded.
+    """
+    x = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
+    if x.size == 0:
+        return np.zeros(0, np.float32)
+    return _load().audio_forward(x, sampling_rate=SAMPLE_RATE).astype(np.float32)
+
+
+def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
+                  min_silence_s: float = 0.3, pad_s: float = 0.1) -> list[tuple[float, float]]:
+    """Speech regions of a 16 kHz mono recording.
+
+    Args:
+        wave: float32 ``[n]`` mono PCM at 16 kHz (any length, including 0).
+        threshold, min_speech_s, min_silence_s, pad_s: see the module docstring (seconds).
+    Returns:
+        Sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``; ``[]`` when
+        there is no speech or the input is shorter than ``min_speech_s``.
+    """
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    if wave.size < min_speech_s * SAMPLE_RATE:
+        return []
+    probs = speech_probabilities(normalise_level(wave))
+    regions = _silero().get_speech_timestamps_from_probs(
+        probs.tolist(), sampling_rate=SAMPLE_RATE, threshold=threshold,
+        min_speech_duration_ms=int(min_speech_s * 1000), min_silence_duration_ms=int(min_silence_s * 1000),
+        speech_pad_ms=int(pad_s * 1000), audio_length_samples=wave.size)
+    dur = wave.size / SAMPLE_RATE
+    return [(r["start"] / SAMPLE_RATE, min(r["end"] / SAMPLE_RATE, dur)) for r in regions if r["end"] > r["start"]]

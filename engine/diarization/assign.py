@@ -1,0 +1,72 @@
+"""Give transcript words and segments the speaker of the turns they overlap, splitting segments where the
+speaker changes between words."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.diarization.pipeline import Turn
+
+
+def _speaker_at(start: float, end: float, turns: list[Turn], starts: np.ndarray, ends: np.ndarray,
+                speakers: np.ndarray) -> int:
+    """Speaker with the most time overlapping ``[start, end]``; if none overlaps, the turn nearest in time."""
+    ov = np.minimum(ends, end) - np.maximum(starts, start)
+    if ov.size and ov.max() > 0:
+        per = np.zeros(int(speakers.max()) + 1)
+        np.add.at(per, speakers, np.clip(ov, 0, None))
+        return int(per.argmax())
+    mid = (start + end) / 2
+    gap = np.maximum(starts - mid, 0) + np.maximum(mid - ends, 0)
+    return int(speakers[int(gap.argmin())])
+
+
+def assign_speakers(segments: list[dict], turns: list[Turn]) -> list[dict]:
+    """Label transcript segments with speakers, splitting a segment where its words change speaker.
+
+    Args:
+        segments: dicts with ``start``, ``end`` (seconds), ``text`` and optionally ``words``
+            (``[{"word", "start", "end", ...}]``, in order); other keys are copied to each piece.
+        turns: speaker turns (``diarize``), any order.
+    Returns:
+        New segment dicts in order, each with an int ``speaker``. A segment with words becomes one piece
+        per run of consecutive words of one speaker: a piece's ``words`` are its run, its ``text`` their
+        concatenation (stripped), its start is the first word's start (the segment's own start for the
+        first piece) and its end the last word's end (the segment's end for the last piece). Each word
+        gets the speaker it overlaps most, or the nearest turn when it overlaps none. A segment without
+        words is labelled as a whole the same way. With no turns at all every segment gets speaker 0.
+    """
+    starts = np.array([t.start for t in turns], float)
+    ends = np.array([t.end for t in turns], float)
+    speakers = np.array([t.speaker for t in turns], int)
+    out: list[dict] = []
+    for seg in segments:
+        words = seg.get("words") or []
+        base = {k: v for k, v in seg.items() if k not in ("words", "speaker")}
+        if not turns:
+            out.append({**base, "words": [dict(w, speaker=0) for w in words], "speaker": 0} if words
+                       else {**base, "speaker": 0})
+            continue
+        if not words:
+            out.append({**base, "speaker": _speaker_at(seg["start"], seg["end"], turns, starts, ends, speakers)})
+            continue
+        labelled = [dict(w, speaker=_speaker_at(w["start"], w["end"], turns, starts, ends, speakers)) for w in words]
+        runs: list[list[dict]] = []
+        for w in labelled:
+            if runs and runs[-1][-1]["speaker"] == w["speaker"]:
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+        for i, run in enumerate(runs):
+            out.append({
+                **base,
+                "start": seg["start"] if i == 0 else run[0]["start"],
+                "end": seg["end"] if i == len(runs) - 1 else run[-1]["end"],
+                "text": "".join(w["word"] for w in run).strip(),
+                "words": run,
+                "speaker": run[0]["speaker"],
+            })
+    return out
