@@ -32,15 +32,16 @@ def default_budget(duration_s: float) -> int:
 
 
 class TimestampProgress:
-    """``(seq) -> seconds``: the largest bracketed number ``[12.34]`` in the output so far, read
-    incrementally from per-token text pieces (used by the loop guard's rate bound)."""
+    """``(seq) -> seconds | None``: the largest bracketed number ``[12.34]`` in the output so far, read
+    incrementally from per-token text pieces, for the loop guard's rate bound; ``None`` until the first
+    one (output without timestamps, e.g. from a custom instruction, is then bounded by the duration)."""
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._pieces: dict[int, str] = {}
         self._seen = 0
         self._inside: str | None = None
-        self.seconds = 0.0
+        self.seconds: float | None = None
 
     def _piece(self, tok: int) -> str:
         p = self._pieces.get(tok)
@@ -48,7 +49,7 @@ class TimestampProgress:
             p = self._pieces[tok] = self.tokenizer.decode([tok])
         return p
 
-    def __call__(self, seq: Sequence) -> float:
+    def __call__(self, seq: Sequence) -> float | None:
         for tok in seq.output_ids[self._seen:]:
             for ch in self._piece(tok):
                 if ch == "[":
@@ -56,7 +57,7 @@ class TimestampProgress:
                 elif self._inside is not None:
                     if ch == "]":
                         try:
-                            self.seconds = max(self.seconds, float(self._inside))
+                            self.seconds = max(self.seconds or 0.0, float(self._inside))
                         except ValueError:
                             pass
                         self._inside = None

@@ -34,8 +34,8 @@ class RepetitionGuard:
         max_tokens_per_audio_s: rate bound (output tokens per audio second).
         grace_tokens: tokens always allowed on top of the rate bound.
         canonical: maps a token id to its comparison class (identity when ``None``).
-        progress_fn: ``(seq) -> seconds`` of audio covered so far; replaces ``audio_s`` in the rate bound,
-            capped at ``audio_s`` when that is given.
+        progress_fn: ``(seq) -> seconds | None``, audio covered so far; replaces ``audio_s`` in the rate
+            bound (capped at ``audio_s`` when that is given) once it returns a number.
 
     After a stop, ``loop_start`` is the output index where the repeated tail begins and ``period`` its
     period (``None`` for a rate stop).
@@ -44,7 +44,7 @@ class RepetitionGuard:
     def __init__(self, audio_s: float | None = None, *, max_period: int = 64, min_repeats: int = 4,
                  min_span: int = 64, max_tokens_per_audio_s: float = 25.0, grace_tokens: int = 1024,
                  canonical: Callable[[int], int] | None = None,
-                 progress_fn: Callable[[Sequence], float] | None = None) -> None:
+                 progress_fn: Callable[[Sequence], float | None] | None = None) -> None:
         if max_period < 1 or min_repeats < 2:
             raise ValueError("max_period must be >= 1 and min_repeats >= 2")
         self.audio_s = audio_s
@@ -88,10 +88,9 @@ class RepetitionGuard:
             self.reason = f"output repeats a {period}-token pattern from token {self.loop_start}"
             return FinishReason.REPETITION
         seconds = self.audio_s
-        if self.progress_fn is not None:
-            seconds = self.progress_fn(seq)
-            if self.audio_s is not None:
-                seconds = min(seconds, self.audio_s)
+        covered = self.progress_fn(seq) if self.progress_fn is not None else None
+        if covered is not None:
+            seconds = covered if self.audio_s is None else min(covered, self.audio_s)
         if seconds is not None and len(out) > self.grace + self.rate * seconds:
             self.reason = (f"{len(out)} output tokens for {seconds:.1f} s of audio "
                            f"(bound {self.grace} + {self.rate:g}/s)")

@@ -28,6 +28,15 @@ from engine.tokenizer import TextTokenizer
 ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "qwen3" / "moss_td_tokenizer.json"
 EOS_ID = 151645
 
+# A tiny MOSS-TD for CPU runs of ``--load-format dummy`` (CI, smoke tests): real vocabulary, tokenizer,
+# prompt and audio path; 2 encoder layers of d 64, 2 decoder layers of hidden 64 (10 M parameters).
+TINY_DUMMY_CONFIG = {
+    "text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+    "audio_config": {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128},
+    "init_std": 0.5,  # std 0.02 gives near-uniform logits; 0.5 gives varied (random) text
+}
+
 
 def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"

@@ -7,12 +7,10 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
+from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.moss_td_pipeline import build_moss_sequence, default_budget, moss_result
 from engine.repetition import RepetitionGuard
 
-TINY = {"text_config": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=32),
-        "audio_config": dict(d_model=64, encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=128)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,7 +25,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def engine():
     """What ``--model moss-td --load-format dummy`` builds, at a tiny size, with a 2,048-token context."""
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config={**TINY, "init_std": 0.5},
+    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
                                max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
 
 
