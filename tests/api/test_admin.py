@@ -277,3 +277,14 @@ def test_static_assets_are_local_and_contained(env):
     assert c.get("/admin/static/%2e%2e/%2e%2e/app.py").status_code == 404
     html = logged_in(env).get("/admin").text
     assert not re.search(r'(src|href)="(https?:)?//', html)  # nothing from another origin
+
+
+def test_logout_ends_the_browser_session_and_is_audited(env):
+    c = logged_in(env)
+    page = c.get("/admin")
+    r = c.post("/admin/logout", data={"csrf": csrf(page.text)}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/admin/login"
+    assert "max-age=0" in r.headers["set-cookie"].lower()
+    assert c.get("/admin", follow_redirects=False).status_code == 303
+    last = audit.recent(env["svc"].db, 1)[0]
+    assert (last["action"], last["actor_name"]) == ("logout", "ops-admin")

@@ -165,6 +165,7 @@ def test_admin_sees_overview_job_transcript_and_cancels_a_queued_job(browser_pag
 
     # the jobs table, filtered to completed, leads to the demo job and its transcript
     page.goto(site["url"] + "/admin/jobs?status=completed")
+    page.screenshot(path=str(ARTIFACTS / "jobs.png"), full_page=True)
     page.click(f"a[href='/admin/jobs/{site['done']}']")
     page.wait_for_selector("#transcript")
     assert page.inner_text("#job-status") == "completed"
