@@ -288,3 +288,9 @@ def test_logout_ends_the_browser_session_and_is_audited(env):
     assert c.get("/admin", follow_redirects=False).status_code == 303
     last = audit.recent(env["svc"].db, 1)[0]
     assert (last["action"], last["actor_name"]) == ("logout", "ops-admin")
+
+
+def test_with_auth_off_the_dashboard_is_open_like_the_api(stack, client):
+    r = client.get("/admin")
+    assert r.status_code == 200 and "anonymous (auth off)" in r.text
+    assert client.get("/admin/login", follow_redirects=False).status_code == 303
