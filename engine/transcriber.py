@@ -93,9 +93,12 @@ class Transcriber:
         if on_event:
             on_event("queued", {"duration": audio.duration})
         if self.family != "whisper":
-            from engine.moss_td_pipeline import transcribe_moss
+            from engine.moss_transcribe import transcribe_moss
 
             result = transcribe_moss(self.engine, audio.mono, opts, on_event)
+            result["model"] = self.engine.loaded.info.get("name")
+            result["language"] = opts.language
+            result["family"] = "moss-td"
         elif opts.multichannel and audio.samples.shape[0] > 1:
             result = self._multichannel(audio.samples, opts, on_event)
         else:
@@ -104,6 +107,7 @@ class Transcriber:
         result["metrics"]["processing_s"] = processing
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
+        _mark_completeness(result)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
         return result
@@ -123,7 +127,8 @@ class Transcriber:
         speech = self._speech(wave)
         vad_s = time.perf_counter() - t_vad
         windows = pack_windows(speech)
-        metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech)}
+        metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
+                                   "speech_end_s": max((e for _, e in speech), default=0.0)}
         if not windows:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
@@ -292,3 +297,30 @@ async def stream_transcription(transcriber: Transcriber, source: Any,
     threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
     while (item := await q.get()) is not None:
         yield item
+
+
+INCOMPLETE_GAP_S = 30.0
+"""Speech (or audio, without VAD) more than this far past the last segment marks a transcript incomplete."""
+
+
+def _mark_completeness(result: dict) -> None:
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
+    ends far before the speech does, is never reported as a silent success."""
+    finish = result.get("finish_reason")
+    if finish in ("length", "repetition", "abort", "error"):
+        result["incomplete"] = True
+        result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
+                                       "abort": "aborted", "error": "engine error"}[finish]
+        return
+    segments = result.get("segments") or []
+    last_end = max((s["end"] for s in segments), default=0.0)
+    speech_end = result.get("metrics", {}).get("speech_end_s")
+    if speech_end is None and result.get("family") == "moss-td":
+        speech_end = result.get("duration")
+    gap_allowed = max(INCOMPLETE_GAP_S, 0.1 * (result.get("duration") or 0.0))
+    if segments and speech_end is not None and speech_end - last_end > gap_allowed:
+        result["incomplete"] = True
+        result["incomplete_reason"] = (f"transcript ends at {last_end:.1f} s but speech continues to "
+                                       f"{speech_end:.1f} s")
+    else:
+        result["incomplete"] = False

@@ -20,6 +20,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--format", "-f", default="txt", choices=SUPPORTED_FORMATS, help="output format (default txt)")
     p.add_argument("--model", default="whisper", help="model family (default: whisper, the bundled tiny.en)")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default: bundled)")
+    p.add_argument("--load-format", default="auto", choices=["auto", "ct2", "hf", "dummy"],
+                   help="checkpoint format; dummy = random weights (exercises the path, output is noise)")
+    p.add_argument("--dummy-config", default=None,
+                   help="JSON shape overrides for --load-format dummy, or 'tiny' for the CI-sized model")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="output budget per sequence (tokens)")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--language", default=None)
     p.add_argument("--prompt", default=None)
@@ -53,10 +59,28 @@ def run(args: argparse.Namespace) -> int:
         probe_duration(path)  # cheap header check: a non-media file fails before the model loads
     except AudioError as e:
         return fail(e.code, e.message)
-    engine = Engine(EngineConfig(model=args.model, model_path=args.model_path, device=args.device))
+    dummy: dict = {}
+    if args.dummy_config == "tiny":
+        if args.model == "moss-td":
+            from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+
+            dummy = dict(TINY_DUMMY_CONFIG)
+    elif args.dummy_config:
+        import json
+
+        try:
+            dummy = json.loads(args.dummy_config)
+        except ValueError as e:
+            return fail("bad_option", f"--dummy-config is not JSON: {e}")
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    try:
+        engine = Engine(EngineConfig(model=args.model, model_path=args.model_path, device=args.device,
+                                     load_format=args.load_format, dummy_config=dummy, dtype=dtype))
+    except (ValueError, OSError) as e:
+        return fail("bad_model", str(e))
     opts = TranscribeOptions(language=args.language, prompt=args.prompt, num_speakers=args.num_speakers,
                              min_speakers=args.min_speakers, max_speakers=args.max_speakers,
-                             multichannel=args.multichannel)
+                             multichannel=args.multichannel, max_new_tokens=args.max_new_tokens)
     try:
         result = Transcriber(engine).transcribe(str(path), opts)
     except (AudioError, RequestRejected) as e:
