@@ -11,6 +11,7 @@ labels come from the model).
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -201,10 +202,10 @@ class Transcriber:
             except ImportError:
                 align_words = None
             if align_words is not None:
-                n_frames = min(1500, int(round(w.duration * 50)))
+                n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, seq.output_ids,
                                         self.alignment_heads, n_frames)
-        for raw in split_segments(self.tokens, seq.output_ids, w.duration):
+        for index, raw in enumerate(split_segments(self.tokens, seq.output_ids, w.duration)):
             text = tok.decode(raw.token_ids).strip()
             if not text:
                 continue
@@ -212,8 +213,9 @@ class Transcriber:
             e = min(max(w.start + raw.end, s), duration)
             seg: dict[str, Any] = {"start": s, "end": e, "text": text}
             if words_all:
-                words = [dict(x, start=min(w.start + x["start"], duration), end=min(w.start + x["end"], duration))
-                         for x in words_all if raw.start - 0.01 <= x["start"] <= raw.end + 0.01]
+                words = [{"word": x["word"], "start": min(w.start + x["start"], duration),
+                          "end": min(w.start + x["end"], duration)}
+                         for x in words_all if x["segment"] == index]
                 seg["words"] = words
             out.append(seg)
         return out
