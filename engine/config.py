@@ -28,6 +28,14 @@ class EngineConfig:
             0 disables graphs). Buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32.
         stream_interval_s: coalescing window for streamed text deltas (seconds).
         threads: torch intra-op threads on CPU (``None`` leaves torch's default).
+        encoder_window_budget: audio windows (30 s each) encoded per engine step, across requests
+            (:mod:`engine.encoder_manager`); a long recording spreads over steps. 0 encodes at admission.
+        encoder_cache_entries / encoder_cache_bytes: limits of the host LRU cache of encoder + adapter
+            outputs keyed by a waveform hash (:mod:`engine.encoder_cache`); 0 entries disables it.
+        encoder_graph_buckets: window counts with an encoder CUDA graph (exact counts; CUDA only; empty:
+            eager). ``encoder_graph_min_free_bytes``: free device memory required to capture each one.
+        encoder_compile: ``torch.compile`` the encoder (default mode; never ``reduce-overhead``).
+        encoder_stream: run the encoder on its own CUDA stream, overlapping decode steps.
     """
 
     model: str = "whisper"
@@ -46,3 +54,10 @@ class EngineConfig:
     stream_interval_s: float = 0.05
     threads: int | None = None
     seed: int = 0
+    encoder_window_budget: int = 8
+    encoder_cache_entries: int = 64
+    encoder_cache_bytes: int = 4 << 30
+    encoder_graph_buckets: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    encoder_graph_min_free_bytes: int = 3 << 30
+    encoder_compile: bool = False
+    encoder_stream: bool = True

@@ -12,6 +12,7 @@ import torch
 
 from engine.attention import make_backend
 from engine.config import EngineConfig
+from engine.encoder_manager import EncoderManager
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
 from engine.loaders import LoadedModel, load_model
 from engine.request import FinishReason, Sequence
@@ -50,6 +51,9 @@ class Engine:
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
         if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
             self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
+        # Audio requests pass through the encoder stage (windows batched across requests under a per-step
+        # budget, encoder CUDA graphs, output cache, own stream) before the scheduler sees them.
+        self.encoder = EncoderManager.for_engine(self)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +106,7 @@ class Engine:
             RequestRejected: prompt longer than the context (``too_long``) or larger than the KV cache.
         """
         self.scheduler.validate(seq)
+        self.encoder.on_submit(seq)  # waveform hash and pinning on the caller's thread, not the loop's
         self._inbox.put(("add", seq))
         self._wake.set()
         return seq
@@ -116,13 +121,20 @@ class Engine:
             try:
                 kind, seq = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
             if kind == "add":
-                self.scheduler.waiting.append(seq)
+                if not self.encoder.add(seq):  # audio to encode first: the encoder stage holds it
+                    self.scheduler.waiting.append(seq)
                 seq.emit("queued")
             elif not seq.finished:
+                self.encoder.discard(seq)
                 self.scheduler.finish(seq, FinishReason.ABORT)
                 seq.emit("finished", seq.finish_reason)
+        ready, failed = self.encoder.step()  # launch this step's windows; encoded sequences may now queue
+        self.scheduler.waiting.extend(ready)
+        for seq in failed:
+            self.scheduler.finish(seq, FinishReason.ERROR)
+            seq.emit("finished", seq.finish_reason)
 
     # -- the loop ------------------------------------------------------------------------------------
     def step(self) -> bool:
@@ -226,7 +238,8 @@ class Engine:
     def _loop(self) -> None:
         while not self._stop:
             if not self.step():
-                self._wake.wait(0.05)
+                # encoder work still on the GPU: poll again soon; otherwise sleep until a request comes
+                self._wake.wait(0.0005 if self.encoder.has_work() else 0.05)
                 self._wake.clear()
 
     def shutdown(self) -> None:
@@ -248,11 +261,12 @@ class Engine:
             "model": self.loaded.info.get("name"),
             "device": str(self.device),
             "running_requests": len(self.scheduler.running),
-            "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize(),
+            "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize() + self.encoder.num_pending,
             "kv_tokens_total": total,
             "kv_tokens_used": used,
             "kv_used_fraction": used / total if total else 0.0,
             "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
             "steps_per_s": len(recent) / span if span > 0 else 0.0,
+            **self.encoder.stats(),
             **self.counters,
         }

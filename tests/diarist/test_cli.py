@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -80,3 +81,15 @@ def test_transcribe_prints_speaker_lines(capsys, whisper_engine, monkeypatch):
     status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.flac")), "--format", "txt")
     assert status == 0, err
     assert out.startswith("[0.") and " S01: " in out and "ask not what your country" in out.lower()
+
+
+@pytest.mark.slow
+def test_demo_command_end_to_end(tmp_path):
+    """`diarist demo` as a user runs it (own process: the embedded stack owns process-wide Celery state)."""
+    p = subprocess.run([sys.executable, "-m", "diarist.cli", "demo", "--data-dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "API listening on http://127.0.0.1:" in p.stdout
+    lines = [x for x in p.stdout.splitlines() if x.startswith("[")]
+    assert lines and all(re.fullmatch(r"\[\d+\.\d\d-\d+\.\d\d\] S0\d: .+", x) for x in lines)
+    assert {x.split("] ")[1][:3] for x in lines} == {"S01", "S02"}

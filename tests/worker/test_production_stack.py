@@ -68,7 +68,7 @@ def prod(tmp_path_factory):
                "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t", "DIARIST_AUTH": "true",
                "DIARIST_ENGINE_URL": f"http://127.0.0.1:{eport}", "DIARIST_ENGINE_PORT": str(eport),
                "DIARIST_WEBHOOK_ALLOW_HOSTS": '["127.0.0.1"]', "DIARIST_VISIBILITY_TIMEOUT_S": "6",
-               "DIARIST_ENGINE_ATTEMPTS": "8", "DIARIST_ENGINE_RETRY_DELAY_S": "1",
+               "DIARIST_ENGINE_ATTEMPTS": "30", "DIARIST_ENGINE_RETRY_DELAY_S": "1",
                "DIARIST_ENGINE_KV_BUDGET_BYTES": str(256 << 20), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": "16",
                "OMP_NUM_THREADS": "1"}
         env.pop("DIARIST_EMBEDDED", None)
