@@ -44,11 +44,50 @@ WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
 }
 
 
+def project_steps_s(step_ms: float, wbytes: int, kvb: int, batch: int, prompt: int, measured: int,
+                    full: int) -> float:
+    """Seconds for decode steps ``measured .. full-1``: the measured median step time (taken at mean
+    context ``prompt + measured / 2``) scaled by each step's bytes (weights + KV of ``batch`` rows)."""
+    ref = wbytes + batch * (prompt + measured / 2) * kvb
+    ctx = prompt + np.arange(measured, full)
+    return float(np.sum(step_ms / 1e3 * (wbytes + batch * ctx * kvb) / ref))
+
+
 def make_engine(args) -> Engine:
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
-                               attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
-                               max_running_requests=64, chunk_size=args.chunk_size,
-                               kv_memory_fraction=args.kv_fraction, seed=0))
+    cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
+                       attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
+                       max_running_requests=64, chunk_size=args.chunk_size, async_decode=args.async_decode,
+                       kv_memory_fraction=args.kv_fraction, seed=0)
+    loaded = None
+    if args.compile_small_ops:
+        from engine.loaders.registry import load_model
+
+        loaded = load_model(cfg)
+        compile_small_ops()
+    return Engine(cfg, loaded=loaded)
+
+
+def compile_small_ops() -> None:
+    """Experiment (this process only): fuse the Qwen3 decoder's elementwise chains with torch.compile
+    (RMSNorm, rotary embedding, SwiGLU), to measure what fused kernels in the model would buy. The
+    matrix products stay cuBLAS calls; the attention stays our Triton kernels."""
+    import torch.nn.functional as F
+
+    import engine.models.qwen3 as q3
+
+    @torch.compile(dynamic=True)
+    def rms(x, w, eps: float):
+        xf = x.float()
+        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+    @torch.compile(dynamic=True)
+    def swiglu(x, g, u, d):
+        return F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
+
+    q3.RMSNorm.forward = lambda self, x: rms(x, self.weight, self.eps)
+    q3.Qwen3MLP.forward = lambda self, x: swiglu(x, self.gate_proj.weight, self.up_proj.weight,
+                                                 self.down_proj.weight)
+    q3.apply_rotary = torch.compile(q3.apply_rotary, dynamic=True)
 
 
 def _request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
@@ -185,6 +224,8 @@ def main() -> None:
     ap.add_argument("--probe-steps", type=int, default=200)
     ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--async-decode", action="store_true", help="EngineConfig.async_decode")
+    ap.add_argument("--compile-small-ops", action="store_true", help="experiment: see compile_small_ops")
     ap.add_argument("--stall-probe", action="store_true", help="decode stall while a 90-min prompt prefills")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -218,10 +259,10 @@ def main() -> None:
         stats, done = run_workload(engine, n, audio_s, out_tokens, conc, rng)
         rounds, batch = (n, 1) if conc == 1 else (-(-n // conc), min(conc, n))
         stats["hbm_limit_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"], out_tokens)
-        if out_tokens != full_tokens:  # linear projection at the last measured step time (a lower bound)
+        if out_tokens != full_tokens:  # shortened run: project the missing steps (see project_steps_s)
             stats["full_output_tokens"] = full_tokens
-            stats["projected_full_wall_s"] = stats["wall_s"] + rounds * (full_tokens - out_tokens) * \
-                stats["decode_step_ms_last100"] / 1e3
+            stats["projected_full_wall_s"] = stats["wall_s"] + rounds * project_steps_s(
+                stats["decode_step_ms_p50"], wbytes, kvb, batch, stats["prompt_tokens"], out_tokens, full_tokens)
             stats["hbm_limit_full_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"],
                                                     full_tokens)
         stats["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)

@@ -51,6 +51,11 @@ class Engine:
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
         if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
             self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
+        self._overlap = None
+        if cfg.async_decode:
+            from engine.overlap import OverlapLoop
+
+            self._overlap = OverlapLoop(self)
         # Audio requests pass through the encoder stage (windows batched across requests under a per-step
         # budget, encoder CUDA graphs, output cache, own stream) before the scheduler sees them.
         self.encoder = EncoderManager.for_engine(self)
@@ -140,6 +145,8 @@ class Engine:
     def step(self) -> bool:
         """Run one scheduler step. Returns False when there was nothing to do."""
         with self._lock:
+            if self._overlap is not None:
+                return self._overlap.step()
             self._drain()
             batch = self.scheduler.schedule()
             if batch is None:
@@ -267,6 +274,7 @@ class Engine:
             "kv_used_fraction": used / total if total else 0.0,
             "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
             "steps_per_s": len(recent) / span if span > 0 else 0.0,
+            "cuda_graph_replays": getattr(self.runner.graphs, "replays", 0) if self.runner.graphs else 0,
             **self.encoder.stats(),
             **self.counters,
         }

@@ -53,15 +53,16 @@ class ModelRunner:
         qo[1:] = torch.cumsum(ext_t, 0)
         dev = self.device
         batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
+            # non_blocking: the copies are staged at once and never wait for a step in flight (async decode)
+            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
+            positions=torch.tensor(pos, dtype=torch.int64).to(dev, non_blocking=True),
             out_cache_loc=torch.cat(slot_chunks).to(torch.int64),
             req_rows=torch.tensor(rows, dtype=torch.int64),
             prefix_lens=prefix_t,
             extend_lens=ext_t,
             seq_lens=prefix_t + ext_t,
             qo_indptr=qo,
-            logits_indices=(qo[1:] - 1).to(dev),
+            logits_indices=(qo[1:] - 1).to(dev, non_blocking=True),
         )
         if embed_parts:
             self._attach_embeds(batch, step, embed_parts)

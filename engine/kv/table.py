@@ -36,4 +36,4 @@ class ReqToTokenTable:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Map positions ``start .. start+len(slots)-1`` of ``row`` to ``slots`` (int64/int32 ``[n]``)."""
-        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, torch.int32)
+        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, torch.int32, non_blocking=True)

@@ -2,9 +2,10 @@
 
 The engine stores a step's new K/V in the pool before attending, so one stage covers the cached prefix and
 the new tokens alike: every key is read through the ``req_to_token`` row (a "unified" extend kernel).
-Grid ``(num_items, num_q_heads, cdiv(max_extend, BLOCK_M))``; program ``(i, h, m)`` owns ``BLOCK_M``
-queries of item ``i`` and runs an online softmax (Dao et al., FlashAttention, 2022) over the keys it may
-see. With ``causal`` the mask is bottom-right: query ``j`` of an item with ``kv_len`` keys and ``n`` new
+Grid ``(num_items, num_kv_heads, cdiv(max_extend, BLOCK_M))``; program ``(i, g, m)`` owns ``BLOCK_M``
+queries of item ``i`` for all query heads of KV head ``g`` (so each K/V tile is loaded once per group)
+and runs an online softmax (Dao et al., FlashAttention, 2022) over the keys they may see: first the
+blocks every row sees (no mask), then the diagonal blocks (masked). With ``causal`` the mask is bottom-right: query ``j`` of an item with ``kv_len`` keys and ``n`` new
 tokens sits at position ``kv_len - n + j`` and sees keys ``0 .. kv_len - n + j``.
 """
 
@@ -18,60 +19,87 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
+            BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TABLE: tl.constexpr,
+            DOT_PREC: tl.constexpr):
+    """One online-softmax update of ``(acc, m_i, l_i)`` with keys ``n0 .. n0+BLOCK_N-1``; without
+    ``MASKED`` every one of them is known to be visible to every row."""
+    pos = n0 + tl.arange(0, BLOCK_N)
+    nmask = pos < kv_end
+    if USE_TABLE:
+        if MASKED:
+            slot = tl.load(Table + row * stride_tr + pos, mask=nmask, other=0).to(tl.int64)
+        else:
+            slot = tl.load(Table + row * stride_tr + pos).to(tl.int64)
+    else:
+        slot = row * stride_tr + pos
+    kv_mask = nmask[:, None] & dmask[None, :]
+    k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if MASKED:
+        keep = nmask[None, :]
+        if CAUSAL:
+            keep = keep & (pos[None, :] <= qpos[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _extend_kernel(
     Q, K, V, O, Table, Rows, KvLens, ExtLens, QoStart,
     qk_scale,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tr,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TABLE: tl.constexpr, DOT_PREC: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TABLE: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     i = tl.program_id(0)
-    h = tl.program_id(1)
+    g = tl.program_id(1)
     mb = tl.program_id(2)
     ext = tl.load(ExtLens + i)
     if mb * BLOCK_M < ext:
         kv_len = tl.load(KvLens + i)
         row = tl.load(Rows + i).to(tl.int64)
         q0 = tl.load(QoStart + i).to(tl.int64)
-        g = h // GROUP
-        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        mmask = offs_m < ext
+        # Rows of the tile: BLOCK_M queries x the GROUP query heads that share KV head g (GQA).
+        r = tl.arange(0, BLOCK_M * GROUP_P2)
+        qi = mb * BLOCK_M + r // GROUP_P2
+        hh = r % GROUP_P2
+        rmask = (qi < ext) & (hh < GROUP)
+        head = g * GROUP + hh
         offs_d = tl.arange(0, BLOCK_D)
         dmask = offs_d < HEAD_DIM
-        q = tl.load(Q + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                    mask=mmask[:, None] & dmask[None, :], other=0.0)
-        qpos = kv_len - ext + offs_m
+        q = tl.load(Q + (q0 + qi)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                    mask=rmask[:, None] & dmask[None, :], other=0.0)
+        qpos = kv_len - ext + qi
         if CAUSAL:
             kv_end = tl.minimum(kv_len - ext + (mb + 1) * BLOCK_M, kv_len)
+            visible = kv_len - ext + mb * BLOCK_M + 1  # keys every row of the tile sees
         else:
             kv_end = kv_len
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        for n0 in range(0, kv_end, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
-            nmask = pos < kv_end
-            if USE_TABLE:
-                slot = tl.load(Table + row * stride_tr + pos, mask=nmask, other=0).to(tl.int64)
-            else:
-                slot = row * stride_tr + pos
-            kv_mask = nmask[:, None] & dmask[None, :]
-            k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-            keep = nmask[None, :]
-            if CAUSAL:
-                keep = keep & (pos[None, :] <= qpos[:, None])
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m_i = m_new
+            visible = kv_len
+        full_end = (visible // BLOCK_N) * BLOCK_N
+        m_i = tl.full([BLOCK_M * GROUP_P2], -1.0e30, dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M * GROUP_P2], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M * GROUP_P2, BLOCK_D], dtype=tl.float32)
+        for n0 in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
+                                    BLOCK_N, False, CAUSAL, USE_TABLE, DOT_PREC)
+        for n0 in range(full_end, kv_end, BLOCK_N):
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
+                                    stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
+                                    BLOCK_N, True, CAUSAL, USE_TABLE, DOT_PREC)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-                 out.to(O.dtype.element_ty), mask=mmask[:, None] & dmask[None, :])
+        tl.store(O + (q0 + qi)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
 
 
 def extend_attention(
@@ -101,14 +129,16 @@ def extend_attention(
     if n_items == 0 or max_extend == 0:
         return out
     use_table = table is not None
-    grid = (n_items, hq, triton.cdiv(max_extend, block_m))
+    group = hq // hkv
+    grid = (n_items, hkv, triton.cdiv(max_extend, block_m))
     _extend_kernel[grid](
         q, k_buf, v_buf, out, table if use_table else rows, rows, kv_lens, ext_lens, qo_start,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         out.stride(0), out.stride(1), table.stride(0) if use_table else src_len,
-        GROUP=hq // hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), HEAD_DIM=dim,
-        CAUSAL=causal, USE_TABLE=use_table, DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if dim <= 64 else 8, num_stages=2,
+        GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=triton.next_power_of_2(dim), HEAD_DIM=dim, CAUSAL=causal, USE_TABLE=use_table,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4 if block_m * triton.next_power_of_2(group) * dim <= 64 * 64 else 8, num_stages=2,
     )
     return out
