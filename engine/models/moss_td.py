@@ -103,18 +103,30 @@ class MossTDForConditionalGeneration(nn.Module):
     def encode_windows(self, windows: torch.Tensor) -> torch.Tensor:
         """16 kHz windows float32 ``[W, <=480000]`` -> encoder states ``[W, 1500, d]`` (model dtype),
         ``encoder_batch`` windows per forward."""
-        w = self.lm_head.weight
         outs = []
         for i in range(0, windows.shape[0], self.config.encoder_batch):
-            mel = log_mel_spectrogram(windows[i : i + self.config.encoder_batch].to(w.device),
-                                      self.config.audio.num_mel_bins)
-            outs.append(self.model.whisper_encoder(mel.to(w.dtype)))
+            mel = self.window_mel(windows[i : i + self.config.encoder_batch].to(self.lm_head.weight.device))
+            outs.append(self.model.whisper_encoder(mel))
         return torch.cat(outs)
+
+    # Hooks of the engine's encoder stage (engine/encoder_manager.py), which batches windows across requests.
+    @property
+    def audio_encoder(self) -> nn.Module:
+        """The Whisper encoder: mel ``[W, n_mels, 3000]`` (model dtype) -> states ``[W, 1500, d]``."""
+        return self.model.whisper_encoder
+
+    def window_mel(self, windows: torch.Tensor) -> torch.Tensor:
+        """16 kHz windows float32 ``[W, <=480000]`` (on the model's device) -> log-mel ``[W, n_mels, 3000]``
+        in the model dtype."""
+        mel = log_mel_spectrogram(windows, self.config.audio.num_mel_bins)
+        return mel.to(self.lm_head.weight.dtype)
 
     def merge_and_adapt(self, states: torch.Tensor, token_counts: list[int]) -> torch.Tensor:
         """Encoder states of one recording's windows ``[W, 1500, d]`` -> audio embeddings ``[N, hidden]``
         with ``N = sum(token_counts)``: cut window ``i`` to ``4 * token_counts[i]`` frames, concatenate,
         merge 4 frames, adapter."""
+        if not token_counts:
+            return self.lm_head.weight.new_zeros(0, self.config.text.hidden_size)
         m = self.config.audio_merge_size
         x = torch.cat([states[i, : m * n] for i, n in enumerate(token_counts)])
         t = x.shape[0] // m
@@ -149,13 +161,22 @@ class MossTDForConditionalGeneration(nn.Module):
         todo = [s for s in seqs if "audio" in s.mm_inputs]
         waves = [torch.as_tensor(s.mm_inputs.pop("audio")).flatten() for s in todo]
         for seq, emb in zip(todo, self.audio_embeddings(waves), strict=True):
-            ids = torch.tensor(seq.prompt_ids, dtype=torch.int64)
-            is_audio = ids == self.config.audio_token_id
-            if int(is_audio.sum()) != emb.shape[0]:
-                raise ValueError(
-                    f"prompt has {int(is_audio.sum())} <|audio_pad|> tokens, audio gives {emb.shape[0]}")
-            index = torch.where(is_audio, torch.cumsum(is_audio, 0) - 1, -1).to(emb.device)
-            seq.mm_state["embed_fn"] = _EmbedSource(seq, emb, index)
+            self.attach_audio(seq, emb)
+
+    def attach_audio(self, seq, emb: torch.Tensor) -> None:
+        """Set ``seq.mm_state["embed_fn"]`` to serve ``emb`` ``[N, hidden]`` at the prompt's ``<|audio_pad|>``
+        positions, in order.
+
+        Raises:
+            ValueError: the prompt's ``<|audio_pad|>`` count differs from ``N``.
+        """
+        ids = torch.tensor(seq.prompt_ids, dtype=torch.int64)
+        is_audio = ids == self.config.audio_token_id
+        if int(is_audio.sum()) != emb.shape[0]:
+            raise ValueError(
+                f"prompt has {int(is_audio.sum())} <|audio_pad|> tokens, audio gives {emb.shape[0]}")
+        index = torch.where(is_audio, torch.cumsum(is_audio, 0) - 1, -1).to(emb.device)
+        seq.mm_state["embed_fn"] = _EmbedSource(seq, emb, index)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
