@@ -133,3 +133,20 @@ def test_webhook_on_cancel_and_4xx_is_not_retried(client, receiver):
     assert payload["type"] == f"job.{expected}" and payload["data"]["id"] == job_id
     assert payload["data"]["status"] == expected
     assert len(hook.wait(2, timeout_s=1.5)) == 1  # 410 is final: no retry
+
+
+def test_poison_audio_in_the_queue_fails_once_with_its_code(stack, client, wait_job):
+    """A job whose stored audio cannot be decoded (bypassing the submit-time check) fails once, no loop."""
+    import io
+
+    from diarist.models import Job
+
+    svc = stack.services
+    job = Job(audio_key="jobs/poison/audio", duration_s=3.0, queue="transcribe.short")
+    svc.store.put_file("jobs/poison/audio", io.BytesIO(b"definitely not audio " * 50))
+    with svc.db.session() as s:
+        s.add(job)
+    svc.dispatcher.transcribe(job.id, "transcribe.short")
+    done = wait_job(client, job.id)
+    assert done["status"] == "failed" and done["error"]["code"] == "decode_failed"
+    assert done["attempts"] == 1  # not retried: a decode failure is final (redeliveries: test_process.py)

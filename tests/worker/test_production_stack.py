@@ -150,6 +150,16 @@ def test_engine_killed_mid_job_is_retried(prod):
     assert job["attempts"] >= 2
 
 
+def test_api_killed_loses_nothing(prod):
+    c, procs = prod["client"], prod["procs"]
+    job_id = submit(prod, "en_jfk_inaugural/jfk.flac")
+    procs["api"].kill()  # SIGKILL: the job lives in Postgres, Redis and S3, not in the API
+    procs["api"].start()
+    wait_port(int(str(c.base_url).rsplit(":", 1)[1].strip("/")), 120)
+    job = wait_status(c, job_id, FINAL)
+    assert job["status"] == "completed" and job["attempts"] == 1
+
+
 @pytest.fixture(scope="module")
 def receiver_server():
     r = Receiver()
