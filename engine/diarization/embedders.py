@@ -26,12 +26,18 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 
 class CamPlusPlusEmbedder:
-    """CAM++ embeddings of fixed windows; batches windows of equal length in one forward."""
+    """CAM++ embeddings of windows.
+
+    The 2-D front end (FCM) is convolutional in time and costs most of the network, so it runs once per
+    group of overlapping windows (at most ``GROUP_S`` seconds of audio) and each window takes its slice
+    of the front-end output; only the D-TDNN part runs per window. Fbank means are taken over the group.
+    """
 
     name = "campplus"
     dim = 192
+    GROUP_S = 20.0
 
-    def __init__(self, device: str = "cpu", batch: int = 32) -> None:
+    def __init__(self, device: str = "cpu", batch: int = 64) -> None:
         from engine.diarization.campplus import load_campplus
 
         self.model = load_campplus(device)
@@ -39,23 +45,43 @@ class CamPlusPlusEmbedder:
         self.batch = batch
         self._lock = threading.Lock()
 
+    def _groups(self, windows: list[tuple[float, float]]) -> list[list[int]]:
+        order = sorted(range(len(windows)), key=lambda i: windows[i][0])
+        groups: list[list[int]] = []
+        lo = hi = -1.0
+        for i in order:
+            s, e = windows[i]
+            if groups and s <= hi and e - lo <= self.GROUP_S:
+                groups[-1].append(i)
+                hi = max(hi, e)
+            else:
+                groups.append([i])
+                lo, hi = s, e
+        return groups
+
     @torch.inference_mode()
     def embed(self, wave: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
         """Args: wave float32 ``[n]`` 16 kHz; windows ``(start, end)`` seconds (>= 0.05 s each).
         Returns float32 ``[len(windows), 192]``, unit length."""
         from engine.diarization.campplus import fbank
 
-        feats = [fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, s, e)))) for s, e in windows]
         out = np.zeros((len(windows), self.dim), np.float32)
-        by_len: dict[int, list[int]] = {}
-        for i, f in enumerate(feats):
-            by_len.setdefault(f.shape[0], []).append(i)
         with self._lock:
-            for idx in by_len.values():
-                for k in range(0, len(idx), self.batch):
-                    part = idx[k : k + self.batch]
-                    x = torch.stack([feats[i] for i in part]).to(self.device)
-                    out[part] = self.model(x).float().cpu().numpy()
+            for group in self._groups(windows):
+                g0 = min(windows[i][0] for i in group)
+                g1 = max(windows[i][1] for i in group)
+                feats = fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, g0, g1)))).to(self.device)
+                front = self.model.head(feats.T.unsqueeze(0))[0]  # [320, T], 10 ms frames
+                by_len: dict[int, list[tuple[int, int]]] = {}
+                for i in group:
+                    off = int(round((windows[i][0] - g0) * 100))
+                    n = max(2, min(int(round((windows[i][1] - windows[i][0]) * 100)) - 2, front.shape[1] - off))
+                    by_len.setdefault(n, []).append((i, off))
+                for n, items in by_len.items():
+                    for k in range(0, len(items), self.batch):
+                        part = items[k : k + self.batch]
+                        x = torch.stack([front[:, off : off + n] for _, off in part])
+                        out[[i for i, _ in part]] = self.model.xvector(x).float().cpu().numpy()
         return _normalise(out)
 
 

@@ -1,0 +1,45 @@
+"""Assignment of words and segments to speaker turns, with splits at word boundaries."""
+
+from __future__ import annotations
+
+from engine.diarization import Turn, assign_speakers
+
+
+def _w(word, s, e):
+    return {"word": word, "start": s, "end": e}
+
+
+TURNS = [Turn(0.0, 2.0, 0), Turn(2.0, 4.0, 1), Turn(5.0, 6.0, 0)]
+
+
+def test_segment_split_where_the_speaker_changes():
+    seg = {"id": 7, "start": 0.1, "end": 3.9, "text": " Hello there. Hi you.",
+           "words": [_w(" Hello", 0.1, 0.6), _w(" there.", 0.6, 1.9), _w(" Hi", 2.1, 2.5), _w(" you.", 2.5, 3.9)]}
+    out = assign_speakers([seg], TURNS)
+    assert [(o["speaker"], o["text"], o["start"], o["end"]) for o in out] == [
+        (0, "Hello there.", 0.1, 1.9), (1, "Hi you.", 2.1, 3.9)]
+    assert all(o["id"] == 7 for o in out)  # other keys are carried
+    assert [w["speaker"] for o in out for w in o["words"]] == [0, 0, 1, 1]
+
+
+def test_word_goes_to_the_speaker_it_overlaps_most():
+    seg = {"start": 1.5, "end": 2.8, "text": " across", "words": [_w(" across", 1.5, 2.8)]}
+    assert assign_speakers([seg], TURNS)[0]["speaker"] == 1  # 0.5 s with speaker 0, 0.8 s with speaker 1
+
+
+def test_word_in_a_gap_takes_the_nearest_turn():
+    seg = {"start": 4.1, "end": 4.9, "text": " um", "words": [_w(" um", 4.7, 4.9)]}
+    assert assign_speakers([seg], TURNS)[0]["speaker"] == 0  # 0.2 s from speaker 0's turn at 5.0
+
+
+def test_segments_without_words_are_assigned_whole():
+    segs = [{"start": 0.0, "end": 1.5, "text": "a"}, {"start": 2.5, "end": 4.5, "text": "b"}]
+    out = assign_speakers(segs, TURNS)
+    assert [o["speaker"] for o in out] == [0, 1] and [o["text"] for o in out] == ["a", "b"]
+
+
+def test_no_turns_means_one_speaker():
+    segs = [{"start": 0.0, "end": 1.0, "text": " x", "words": [_w(" x", 0.0, 1.0)]}, {"start": 1, "end": 2, "text": "y"}]
+    out = assign_speakers(segs, [])
+    assert [o["speaker"] for o in out] == [0, 0] and out[0]["words"][0]["speaker"] == 0
+    assert assign_speakers([], TURNS) == []
