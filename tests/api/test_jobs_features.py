@@ -150,3 +150,40 @@ def test_poison_audio_in_the_queue_fails_once_with_its_code(stack, client, wait_
     done = wait_job(client, job.id)
     assert done["status"] == "failed" and done["error"]["code"] == "decode_failed"
     assert done["attempts"] == 1  # not retried: a decode failure is final (redeliveries: test_process.py)
+
+
+def test_sse_relays_bus_events_until_the_final_status(stack, client):
+    """Deterministic: a job held in `processing` (no worker owns it); events are published by hand."""
+    import threading
+
+    from diarist import jobs
+    from diarist.models import Job
+
+    svc = stack.services
+    job = Job(audio_key="jobs/held/audio", duration_s=10.0, status="processing")
+    with svc.db.session() as s:
+        s.add(job)
+    got: list[tuple[str, dict]] = []
+    opened = threading.Event()
+
+    def read() -> None:
+        with httpx.stream("GET", f"{stack.url}/v1/jobs/{job.id}/events", timeout=60) as r:
+            name = None
+            for line in r.iter_lines():
+                opened.set()
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    got.append((name, json.loads(line[6:])))
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert opened.wait(30)
+    svc.bus.publish(job.id, {"type": "delta", "text": "Hello, "})
+    svc.bus.publish(job.id, {"type": "segment", "start": 0.0, "end": 1.5, "text": "Hello, world."})
+    svc.bus.publish(job.id, {"type": "delta", "text": "world."})
+    assert jobs.fail(svc, job.id, "engine_error", "test over")  # publishes the final status
+    t.join(30)
+    assert [k for k, _ in got] == ["status", "delta", "segment", "delta", "status"]
+    assert got[1][1] == {"text": "Hello, "} and got[2][1]["end"] == 1.5
+    assert got[-1][1]["status"] == "failed" and got[-1][1]["error"]["code"] == "engine_error"
