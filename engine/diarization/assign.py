@@ -34,8 +34,9 @@ def assign_speakers(segments: list[dict], turns: list[Turn]) -> list[dict]:
     Returns:
         New segment dicts in order, each with an int ``speaker``. A segment with words becomes one piece
         per run of consecutive words of one speaker: a piece's ``words`` are its run, its ``text`` their
-        concatenation (stripped), its start is the first word's start (the segment's own start for the
-        first piece) and its end the last word's end (the segment's end for the last piece). Each word
+        concatenation (stripped), its start is the first word's start and its end the last word's end;
+        the first piece starts no later than the segment and the last ends no earlier (Whisper's
+        segment timestamps and the aligned words can disagree), and ``start <= end`` always. Each word
         gets the speaker it overlaps most, or the nearest turn when it overlaps none. A segment without
         words is labelled as a whole the same way. With no turns at all every segment gets speaker 0.
     """
@@ -61,10 +62,12 @@ def assign_speakers(segments: list[dict], turns: list[Turn]) -> list[dict]:
             else:
                 runs.append([w])
         for i, run in enumerate(runs):
+            start = min(seg["start"], run[0]["start"]) if i == 0 else run[0]["start"]
+            end = max(seg["end"], run[-1]["end"]) if i == len(runs) - 1 else run[-1]["end"]
             out.append({
                 **base,
-                "start": seg["start"] if i == 0 else run[0]["start"],
-                "end": seg["end"] if i == len(runs) - 1 else run[-1]["end"],
+                "start": start,
+                "end": max(end, start),
                 "text": "".join(w["word"] for w in run).strip(),
                 "words": run,
                 "speaker": run[0]["speaker"],

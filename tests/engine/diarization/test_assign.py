@@ -22,6 +22,15 @@ def test_segment_split_where_the_speaker_changes():
     assert [w["speaker"] for o in out for w in o["words"]] == [0, 0, 1, 1]
 
 
+def test_pieces_never_end_before_they_start():
+    # Whisper's segment end (9.0) before the aligned last word (9.64-9.9): the last piece spans the word
+    seg = {"start": 8.0, "end": 9.0, "text": " you were there.",
+           "words": [_w(" you", 8.0, 8.5), _w(" were", 8.5, 9.6), _w(" there.", 9.64, 9.9)]}
+    turns = [Turn(7.0, 9.62, 0), Turn(9.62, 11.0, 1)]
+    out = assign_speakers([seg], turns)
+    assert [(o["speaker"], o["start"], o["end"]) for o in out] == [(0, 8.0, 9.6), (1, 9.64, 9.9)]
+
+
 def test_word_goes_to_the_speaker_it_overlaps_most():
     seg = {"start": 1.5, "end": 2.8, "text": " across", "words": [_w(" across", 1.5, 2.8)]}
     assert assign_speakers([seg], TURNS)[0]["speaker"] == 1  # 0.5 s with speaker 0, 0.8 s with speaker 1

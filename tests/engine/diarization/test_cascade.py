@@ -1,0 +1,43 @@
+"""The whole cascade on the demo recording: Whisper window ▸ word alignment ▸ VAD ▸ diarize ▸ assign."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine import Sequence
+from engine.audio import decode_audio, log_mel_spectrogram
+from engine.audio.vad import detect_speech
+from engine.diarization import assign_speakers, diarize
+from engine.models.whisper_align import align_words
+from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from tests.conftest import data_file
+
+
+def test_demo_recording_speakers_follow_the_reference(whisper_engine):
+    eng = whisper_engine
+    wave = decode_audio(data_file("en_2spk_phonecall_pyannote_sample/sample.wav")).mono
+    info = eng.loaded.info["config"]
+    tt = WhisperTokens.from_vocab(eng.model.config.vocab_size)
+    prompt = whisper_prompt(tt)
+    seq = Sequence(prompt_ids=prompt, max_new_tokens=440, stop_token_ids=(tt.eot,),
+                   mm_inputs={"mel": log_mel_spectrogram(torch.from_numpy(wave))[0], "keep_encoder": True},
+                   logits_processor=WhisperTimestampRules(tt, info["suppress_ids"], info["suppress_ids_begin"]))
+    eng.generate([seq])
+    frames = math.ceil(len(wave) / 160)
+    words = align_words(eng.model, eng.tokenizer, seq.mm_state["encoder"], prompt, seq.output_ids,
+                        info["alignment_heads"], frames)
+    segments = [{"start": s.start, "end": s.end, "text": eng.tokenizer.decode(s.token_ids),
+                 "words": [w for w in words if w["segment"] == i]}
+                for i, s in enumerate(split_segments(tt, seq.output_ids, frames / 100))]
+    out = assign_speakers(segments, diarize(wave, detect_speech(wave)))
+
+    assert {o["speaker"] for o in out} == {0, 1}
+    assert all(o["start"] <= o["end"] for o in out)
+    assert all(w["speaker"] == o["speaker"] for o in out for w in o["words"])
+
+    def speaker_of(name):  # sample.stm: Diane introduces herself at 12.5 s, Sheila at 14.4 s
+        return next(w["speaker"] for o in out for w in o["words"] if name in w["word"])
+
+    assert speaker_of("Diane") != speaker_of("Sheila")
