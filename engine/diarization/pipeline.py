@@ -14,6 +14,7 @@ carry. Multichannel recordings with one talker per channel keep both talkers (``
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from engine.audio.decode import SAMPLE_RATE
 from engine.diarization.cluster import cluster_embeddings
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 1.5
 """Embedding window (seconds): long enough for a stable embedding, short enough to follow turns."""
@@ -50,13 +53,18 @@ _embedder_lock = threading.Lock()
 
 
 def default_embedder():
-    """The process-wide embedding model (CAM++), loaded on first use."""
+    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
+    holding the CAM++ weights is not installed."""
     global _embedder
     with _embedder_lock:
         if _embedder is None:
-            from engine.diarization.embedders import CamPlusPlusEmbedder
+            from engine.diarization.embedders import CamPlusPlusEmbedder, GE2EEmbedder
 
-            _embedder = CamPlusPlusEmbedder()
+            try:
+                _embedder = CamPlusPlusEmbedder()
+            except FileNotFoundError as e:
+                log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
+                _embedder = GE2EEmbedder()
         return _embedder
 
 
