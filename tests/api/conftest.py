@@ -1,8 +1,9 @@
 """The embedded stack for the API tests: real engine (bundled tiny.en), real Celery in-memory broker and
 in-process worker threads, SQLite, local object store, served over real HTTP on a loopback port.
 
-One stack per test session (the engine is the session's ``whisper_engine``); tests that need other
-settings build a second app over the same handles (``app_with``).
+One stack per test module, over the session's ``whisper_engine`` (loaded once): the stack runs the engine's
+loop thread only while the module runs, so engine tests that step the engine inline never race it. Tests
+that need other settings build a second app over the same handles (``app_with``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tests.servers import Receiver
 FINAL = ("completed", "failed", "canceled")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def stack(whisper_engine, tmp_path_factory):
     from diarist.commands.stack import EmbeddedStack, embedded_settings
     from diarist.settings import Settings
