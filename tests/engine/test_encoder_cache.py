@@ -122,7 +122,8 @@ def test_hit_skips_the_encoder_and_returns_identical_embeddings(monkeypatch):
     emb = seen[0]
     assert st["encoder_cache_bytes"] == emb.numel() * emb.element_size() == 500 * 64 * 4  # 500 tokens
     # the stored value is what the model computes for this recording in one go
-    torch.testing.assert_close(emb, eng.model.audio_embeddings([torch.from_numpy(wave)])[0], rtol=0, atol=1e-5)
+    one_pass = eng.model.audio_embeddings([torch.from_numpy(wave)])[0]
+    torch.testing.assert_close(emb, one_pass, rtol=0, atol=1e-5)
     second = eng.generate([_seq(eng, wave.copy())])[0]
     st = eng.stats()
     assert (st["encoder_cache_misses"], st["encoder_cache_hits"], st["encoder_windows"]) == (1, 1, 2)
