@@ -113,10 +113,30 @@ class EmbeddedStack:
         return self.url
 
     def serve_forever(self, host: str, port: int) -> None:
-        """Serve HTTP in the foreground until Ctrl-C / SIGTERM (uvicorn's signal handling)."""
+        """Serve HTTP in the foreground until Ctrl-C / SIGTERM, then return (the caller stops the stack)."""
+        import contextlib
+        import signal
+
         import uvicorn
 
-        uvicorn.run(self.app, host=host, port=port, log_level="info", lifespan="off")
+        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="off"))
+
+        @contextlib.contextmanager
+        def on_signals():  # noqa: ANN202
+            # uvicorn's own handler re-raises the signal after shutdown, killing the process before the
+            # worker threads and the engine stop; ask the server to exit and return normally instead.
+            def handler(_sig, _frame) -> None:  # noqa: ANN001
+                server.should_exit = True
+
+            previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in previous.items():
+                    signal.signal(s, h)
+
+        server.capture_signals = on_signals
+        server.run()
 
     def stop(self) -> None:
         """Stop HTTP, the worker threads and (if this stack started it) the engine loop."""

@@ -93,3 +93,30 @@ def test_demo_command_end_to_end(tmp_path):
     lines = [x for x in p.stdout.splitlines() if x.startswith("[")]
     assert lines and all(re.fullmatch(r"\[\d+\.\d\d-\d+\.\d\d\] S0\d: .+", x) for x in lines)
     assert {x.split("] ")[1][:3] for x in lines} == {"S01", "S02"}
+
+
+@pytest.mark.slow
+def test_serve_embedded_answers_and_stops_on_sigterm(tmp_path):
+    import os
+    import signal
+
+    import httpx
+
+    from tests.servers import free_port, wait_port
+
+    port = free_port()
+    env = {**os.environ, "DIARIST_DATA_DIR": str(tmp_path / "d")}
+    p = subprocess.Popen([sys.executable, "-m", "diarist.cli", "serve", "--embedded", "--port", str(port)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_port(port, 300)
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=30)
+        assert ready.status_code == 200 and ready.json()["checks"]["engine"] == "ok"
+        bad = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", files={"file": ("x.txt", b"text")}, timeout=30)
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "decode_failed"
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/jobs", timeout=30).status_code == 200  # auth off
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out[-2000:]
+    assert f"listening on http://127.0.0.1:{port}" in out
