@@ -187,3 +187,18 @@ def test_sse_relays_bus_events_until_the_final_status(stack, client):
     assert [k for k, _ in got] == ["status", "delta", "segment", "delta", "status"]
     assert got[1][1] == {"text": "Hello, "} and got[2][1]["end"] == 1.5
     assert got[-1][1]["status"] == "failed" and got[-1][1]["error"]["code"] == "engine_error"
+
+
+def test_concurrent_requests_with_one_idempotency_key_make_one_job(stack, yes_wav, wait_job, client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def post(_i: int) -> httpx.Response:
+        with httpx.Client(base_url=stack.url, timeout=120) as c:
+            return c.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, headers={"Idempotency-Key": "race-1"})
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(post, range(6)))
+    assert {r.status_code for r in answers} <= {200, 202}
+    assert sum(r.status_code == 202 for r in answers) == 1
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert wait_job(client, answers[0].json()["id"])["status"] == "completed"
