@@ -1,0 +1,88 @@
+"""The whole Whisper cascade on real recordings: accuracy, speakers, no-speech inputs, bad input."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from engine.audio import AudioError
+from engine.transcriber import TranscribeOptions, Transcriber
+from tests.conftest import data_file
+
+jiwer = pytest.importorskip("jiwer")
+
+
+def norm(text: str) -> str:
+    """Lowercase, punctuation removed, whitespace collapsed (the WER normalisation of the issue)."""
+    return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split())
+
+
+@pytest.fixture(scope="module")
+def tr(whisper_engine):
+    return Transcriber(whisper_engine)
+
+
+@pytest.mark.slow
+def test_jfk_wer_at_most_5_percent(tr):
+    r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"))
+    ref = data_file("en_jfk_inaugural/jfk.txt").read_text()
+    hyp = " ".join(s["text"] for s in r["segments"])
+    assert jiwer.wer(norm(ref), norm(hyp)) <= 0.05
+    assert len({s["speaker"] for s in r["segments"]}) == 1
+    assert r["finish_reason"] == "stop" and not r["no_speech"] and not r["incomplete"]
+    assert all(0 <= s["start"] <= s["end"] <= r["duration"] for s in r["segments"])
+
+
+@pytest.mark.slow
+def test_demo_recording_two_speakers_and_wer(tr):
+    r = tr.transcribe(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"))
+    ref = data_file("en_2spk_phonecall_pyannote_sample/sample.txt").read_text()
+    hyp = " ".join(s["text"] for s in r["segments"])
+    assert len({s["speaker"] for s in r["segments"]}) == 2
+    assert jiwer.wer(norm(ref), norm(hyp)) <= 0.40
+    starts = [s["start"] for s in r["segments"]]
+    assert r["segments"] and max(s["end"] for s in r["segments"]) <= 30.0
+    assert len(starts) >= 5
+
+
+@pytest.mark.parametrize("rel", [
+    "en_short_yes/yes_30ms.wav",
+    "silence_and_noise_1s_tflite/silence_1000ms.wav",
+    "noise_stationary_picovoice_empty/empty.wav",
+])
+def test_tiny_and_no_speech_inputs_give_an_empty_transcript(tr, rel):
+    r = tr.transcribe(data_file(rel))
+    assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
+
+
+def test_digital_silence_gives_no_speech(tr):
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(np.zeros(5 * 16000, dtype=np.int16).tobytes())
+    r = tr.transcribe(buf.getvalue())
+    assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("payload,code", [(b"", "decode_failed"), (b"hello, not audio at all\n" * 10, "decode_failed")])
+def test_bad_bytes_raise_audio_error_with_code(tr, payload, code):
+    with pytest.raises(AudioError) as e:
+        tr.transcribe(payload)
+    assert e.value.code in (code, "empty_audio")
+
+
+@pytest.mark.slow
+def test_multichannel_labels_by_channel(tr):
+    r = tr.transcribe(data_file("en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.wav"),
+                      TranscribeOptions(multichannel=True))
+    assert {s["speaker"] for s in r["segments"]} == {"CH1", "CH2"}
+    left = " ".join(s["text"] for s in r["segments"] if s["speaker"] == "CH1")
+    ref = data_file("en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.ch1_left.txt").read_text()
+    assert jiwer.wer(norm(ref), norm(left)) <= 0.2
