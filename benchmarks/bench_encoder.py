@@ -292,11 +292,26 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_w_short(engine, timer, base, args, cfg, res, save) -> None:
+    """Each concurrency with a cold cache, then warm (the same clips again, cache raised to 1,024)."""
+    res["w_short"] = {}
+    for conc in [int(c) for c in args.concurrency.split(",")]:
+        engine.encoder.cache.clear()
+        engine.encoder.cache.resize(max_entries=1024)
+        for phase in ("cold", "warm"):
+            r = w_short(engine, timer, base, args.requests, 60, conc)
+            res["w_short"][f"c{conc}-{phase}"] = r
+            print("w_short", conc, phase, json.dumps(r), flush=True)
+            save()
+    engine.encoder.cache.resize(max_entries=cfg.encoder_cache_entries)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commit", default="", help="commit of the tree (the device copy has no git history)")
     ap.add_argument("--sections", default="encoder_alone,w_short,burst,w90")
     ap.add_argument("--requests", type=int, default=800)
+    ap.add_argument("--concurrency", default="16,64", help="W-short concurrencies")
     ap.add_argument("--async-decode", action="store_true")
     ap.add_argument("--compile", action="store_true", help="EngineConfig.encoder_compile")
     ap.add_argument("--out", default="")
@@ -325,29 +340,23 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = Engine(cfg, loaded=loaded)
     res["engine_start_s"] = time.perf_counter() - t0
+    print(f"engine started in {res['engine_start_s']:.1f} s", flush=True)
     timer = EncoderTimer(engine.encoder)
     rng = np.random.default_rng(0)
     base = (rng.standard_normal(12 * SR) * 0.1).astype(np.float32)
-    w_short(engine, timer, base[::-1].copy(), 32, 8, 16)  # warm-up: decode graphs' kernels, prefill shapes
-    if "w_short" in sections:
-        res["w_short"] = {}
-        for conc in (16, 64):
-            engine.encoder.cache.clear()
-            engine.encoder.cache.resize(max_entries=1024)
-            for phase in ("cold", "warm"):
-                r = w_short(engine, timer, base, args.requests, 60, conc)
-                res["w_short"][f"c{conc}-{phase}"] = r
-                print("w_short", conc, phase, json.dumps(r), flush=True)
-                save()
-        engine.encoder.cache.resize(max_entries=cfg.encoder_cache_entries)
-    if "burst" in sections:
-        res["burst"] = [burst(engine, base, 100_000 + 1000 * i, stage)
-                        for i, stage in enumerate((True, False))]
-        print("burst", json.dumps(res["burst"]), flush=True)
+    w_short(engine, timer, base[::-1].copy(), 16, 8, 16)  # warm-up: decode graphs' kernels, prefill shapes
+    print("warm-up done", flush=True)
+    for section in sections:
+        if section == "w_short":
+            run_w_short(engine, timer, base, args, cfg, res, save)
+        elif section == "burst":
+            res["burst"] = [burst(engine, base, 100_000 + 1000 * i, stage)
+                            for i, stage in enumerate((True, False))]
+            print("burst", json.dumps(res["burst"]), flush=True)
+        elif section == "w90":
+            res["w90"] = w90(engine, rng)
+            print("w90", json.dumps(res["w90"]), flush=True)
         save()
-    if "w90" in sections:
-        res["w90"] = w90(engine, rng)
-        print("w90", json.dumps(res["w90"]), flush=True)
     res["encoder_stats"] = {k: v for k, v in engine.stats().items() if k.startswith("encoder")}
     save()
     print(json.dumps(res, indent=1))

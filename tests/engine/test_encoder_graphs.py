@@ -51,8 +51,6 @@ def test_graphs_match_eager_at_whisper_medium_size():
         assert got.shape == (k, 1500, 1024) and got.dtype == torch.bfloat16
         diffs[k] = (got.float() - eager.float()).abs().max().item()
         torch.testing.assert_close(got, eager, rtol=2e-2, atol=2e-2)
-    # windows are independent: window 7 is the same alone or in a batch of 8 (up to bf16 kernel choice)
-    torch.testing.assert_close(graphs(waves[7:]).clone()[0], graphs(waves)[7], rtol=2e-2, atol=2e-2)
     print("max |graph - eager| by window count:", diffs, "mel in graph:", graphs.mel_in_graph)
 
 
