@@ -180,7 +180,8 @@ def decode_step_probe(engine: Engine, context: int, steps: int, profile: bool) -
     engine.submit(seq)
     while not seq.prefill_done or len(seq.output_ids) < 8:
         engine.step()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
