@@ -131,6 +131,22 @@ class EncoderTimer:
         return total
 
 
+class Progress:
+    """Prints a progress line at most every ``every_s`` seconds (long GPU runs show where they are)."""
+
+    def __init__(self, label: str, every_s: float = 5.0) -> None:
+        self.label, self.every_s, self.t0 = label, every_s, time.perf_counter()
+        self.last = self.t0
+
+    def __call__(self, engine, **counts) -> None:
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.last = now
+            st = engine.stats()
+            print(f"[{self.label} {now - self.t0:.0f}s] {counts} running {st['running_requests']} waiting "
+                  f"{st['waiting_requests']} windows {st['encoder_windows']} steps {st['steps']}", flush=True)
+
+
 def clip(base: np.ndarray, i: int) -> np.ndarray:
     c = base.copy()
     c[0] = i * 1e-3  # a distinct recording per clip number
@@ -146,6 +162,7 @@ def request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
 def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
     before = engine.stats()
     todo, inflight, done, submit_s = list(range(n)), [], [], 0.0
+    progress = Progress(f"w_short c{conc}")
     timer.take_s()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -157,6 +174,7 @@ def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
             submit_s += time.perf_counter() - ts
             inflight.append(seq)
         engine.step()
+        progress(engine, done=len(done))
         done += [s for s in inflight if s.finished]
         inflight = [s for s in inflight if not s.finished]
     wall = time.perf_counter() - t0
@@ -204,7 +222,9 @@ def burst(engine, base, first_clip: int, stage: bool, running: int = 16, new: in
     t0 = time.perf_counter()
     for s in arrivals:
         engine.submit(s)
-    while not all(s.timings.first_token is not None for s in arrivals):
+    progress = Progress(f"burst stage={stage}")
+    while not all(s.timings.first_token is not None or s.finished for s in arrivals):
+        progress(engine, started=sum(s.timings.first_token is not None for s in arrivals))
         ts = time.perf_counter()
         engine.step()
         now = time.perf_counter()
@@ -215,6 +235,7 @@ def burst(engine, base, first_clip: int, stage: bool, running: int = 16, new: in
                 max_gap = max(max_gap, now - t)
                 seen[s.id] = (arrived(s), now)
     ttft_all = time.perf_counter() - t0
+    errors = [s.error for s in arrivals if s.error]
     for s in runners + arrivals:
         engine.abort(s)
     while engine.scheduler.has_work() or engine.encoder.has_work():
@@ -225,7 +246,8 @@ def burst(engine, base, first_clip: int, stage: bool, running: int = 16, new: in
             "running": running, "new": new, "pure_decode_step_ms_p50": float(np.median(pure)) * 1e3,
             "burst_steps": len(steps), "burst_step_ms_p50": float(np.median(steps)) * 1e3,
             "burst_step_ms_max": float(np.max(steps)) * 1e3,
-            "max_token_gap_running_ms": max_gap * 1e3, "all_new_first_token_s": ttft_all}
+            "max_token_gap_running_ms": max_gap * 1e3, "all_new_first_token_s": ttft_all,
+            "errors": errors[:3]}
 
 
 def w90(engine, rng) -> dict:
