@@ -15,6 +15,7 @@ Many requests run at once (one thread each); the engine batches across them.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import tempfile
 import threading
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -68,7 +70,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
                 q.put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 q.put({"type": "error", "code": e.code, "message": e.message})
-            except Exception as e:  # the stream must end with a line the worker understands
+            except Exception as e:  # noqa: BLE001 - the stream must end with a line the worker understands
                 q.put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
             finally:
                 q.put(_END)
@@ -85,9 +87,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
         except (ValueError, TypeError) as e:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
-        with open(fd, "wb") as out:
+        os.close(fd)
+        async with await anyio.open_file(name, "wb") as out:
             async for chunk in request.stream():
-                out.write(chunk)
+                await out.write(chunk)
         lines = (json.dumps(ev, default=str) + "\n" for ev in stream(Path(name), opts))
         return StreamingResponse(lines, media_type="application/x-ndjson")
 
@@ -103,9 +106,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
         if response_format not in ("json", "text", "srt", "vtt", "verbose_json", "diarized_json"):
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
-        with open(fd, "wb") as out:
+        os.close(fd)
+        async with await anyio.open_file(name, "wb") as out:
             while chunk := await file.read(CHUNK):
-                out.write(chunk)
+                await out.write(chunk)
         opts = _options(TranscribeOptions, {"language": language, "prompt": prompt})
         if stream_:
             def sse() -> Iterator[str]:

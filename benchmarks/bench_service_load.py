@@ -36,7 +36,7 @@ FINAL = ("completed", "failed", "canceled")
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def run_load(base_url: str, audio: bytes, n_jobs: int, clients: int, timeout_s: float,
@@ -124,7 +124,8 @@ def main() -> int:
     args = p.parse_args()
     audio = Path(args.audio).read_bytes()
     result = embedded(args, audio)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip()
     report = {"benchmark": "service_load", "command": shlex.join([Path(sys.executable).name, *sys.argv]),
               "commit": commit, "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
               "audio": Path(args.audio).name, "jobs": args.jobs, "clients": args.clients, **result}

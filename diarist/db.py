@@ -31,7 +31,7 @@ def make_engine(url: str) -> Engine:
         eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(eng, "connect")
-        def _pragmas(dbapi_conn, _record) -> None:  # noqa: ANN001
+        def _pragmas(dbapi_conn, _record) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
@@ -69,7 +69,7 @@ class Database:
         self.engine.dispose()
 
 
-def alembic_config(url: str):  # noqa: ANN201 - alembic.config.Config
+def alembic_config(url: str):
     """Alembic config pointing at ``migrations/`` with ``url``; no alembic.ini needed."""
     from alembic.config import Config
 

@@ -76,7 +76,7 @@ class LocalEventBus:
 
 
 class _RedisSubscription:
-    def __init__(self, client, channel: str) -> None:  # noqa: ANN001 - redis.Redis
+    def __init__(self, client, channel: str) -> None:
         self.pubsub = client.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(channel)
 
@@ -112,7 +112,7 @@ class RedisEventBus:
         return _RedisSubscription(self.client, self.channel(job_id))
 
 
-def make_bus(settings) -> EventBus:  # noqa: ANN001 - diarist.settings.Settings
+def make_bus(settings) -> EventBus:
     """Redis when an events/broker URL is redis, else the in-process bus."""
     url = settings.events_url or settings.broker
     if url.startswith(("redis://", "rediss://", "unix://")):

@@ -197,7 +197,7 @@ class S3Store:
         self.client.head_bucket(Bucket=self.bucket)
 
 
-def make_store(settings) -> ObjectStore:  # noqa: ANN001 - diarist.settings.Settings
+def make_store(settings) -> ObjectStore:
     """The store named by ``settings.storage``."""
     if settings.storage == "s3":
         return S3Store(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from diarist.models import Base
 import diarist.audit  # noqa: F401 - registers admin_audit on Base.metadata for `alembic check`
+from diarist.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -75,7 +75,8 @@ def start_postgres() -> tuple[str, Callable[[], None]]:
                    check=True, capture_output=True)
 
     def stop() -> None:
-        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                       check=False)
         shutil.rmtree(root, ignore_errors=True)
 
     return f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop
@@ -118,7 +119,7 @@ class Receiver:
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with outer.cond:
                     outer.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))

@@ -39,6 +39,6 @@ def test_services_and_commands(compose):
 
 def test_docker_compose_config_validates(compose):
     docker = shutil.which("docker")
-    if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+    if not docker or subprocess.run([docker, "compose", "version"], capture_output=True, check=False).returncode != 0:
         pytest.skip("docker compose plugin not installed")
     subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], check=True)

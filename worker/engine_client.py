@@ -79,24 +79,23 @@ class HttpEngineClient:
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
         try:
-            with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client:
-                with client.stream("POST", f"{self.url}/internal/transcribe",
-                                   params={"options": json.dumps(params)}, content=f,
-                                   headers={"content-type": "application/octet-stream"}) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        raise _http_failure(r)
-                    for line in r.iter_lines():
-                        if not line.strip():
-                            continue
-                        msg = json.loads(line)
-                        kind = msg.pop("type")
-                        if kind == "result":
-                            return msg["result"]
-                        if kind == "error":
-                            raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
-                        if on_event is not None:
-                            on_event(kind, msg)
+            with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client, client.stream(
+                    "POST", f"{self.url}/internal/transcribe", params={"options": json.dumps(params)}, content=f,
+                    headers={"content-type": "application/octet-stream"}) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise _http_failure(r)
+                for line in r.iter_lines():
+                    if not line.strip():
+                        continue
+                    msg = json.loads(line)
+                    kind = msg.pop("type")
+                    if kind == "result":
+                        return msg["result"]
+                    if kind == "error":
+                        raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
+                    if on_event is not None:
+                        on_event(kind, msg)
         except httpx.HTTPError as e:
             raise JobFailure("engine_error", f"engine server unreachable or dropped: {e}", retryable=True) from e
         raise JobFailure("engine_error", "engine stream ended without a result", retryable=True)
@@ -110,7 +109,7 @@ class HttpEngineClient:
             return False
 
 
-def _http_failure(r) -> JobFailure:  # noqa: ANN001 - httpx.Response
+def _http_failure(r) -> JobFailure:
     try:
         err = r.json()["error"]
         return JobFailure(err["code"], err["message"], retryable=r.status_code >= 500)

@@ -12,7 +12,7 @@ from worker.runtime import runtime
 from worker.webhooks import deliver
 
 
-def _countdown(rt, delay_s: float) -> float:  # noqa: ANN001
+def _countdown(rt, delay_s: float) -> float:
     # A countdown message waits unacked in the worker; past Redis' visibility timeout it would be delivered
     # a second time, so no delay may come near it.
     return min(delay_s, rt.services.settings.visibility_timeout_s / 2)

@@ -92,13 +92,11 @@ def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int)
         error = f"{type(e).__name__}: {e}"
     elapsed = time.perf_counter() - t0
 
+    refused = bool(error) and error.startswith(("url_not_allowed", "invalid_url"))
+    permanent = code is not None and 400 <= code < 500 and code not in RETRY_4XX
     if code is not None and 200 <= code < 300:
         result = Attempt("delivered", code)
-    elif error and error.startswith(("url_not_allowed", "invalid_url")):
-        result = Attempt("failed", code)
-    elif code is not None and 400 <= code < 500 and code not in RETRY_4XX:
-        result = Attempt("failed", code)
-    elif attempt >= st.webhook_max_attempts:
+    elif refused or permanent or attempt >= st.webhook_max_attempts:
         result = Attempt("failed", code)
     else:
         delay = min(st.webhook_backoff_s * 2 ** (attempt - 1), st.webhook_backoff_max_s)

@@ -16,7 +16,7 @@ def healthz() -> dict:
     return {"status": "ok"}
 
 
-def _checks(request: Request, services) -> dict[str, str]:  # noqa: ANN001
+def _checks(request: Request, services) -> dict[str, str]:
     checks: dict[str, str] = {}
     probes = {"database": services.db.ping, "object_store": services.store.ping}
     if services.dispatcher is not None:
@@ -26,7 +26,7 @@ def _checks(request: Request, services) -> dict[str, str]:  # noqa: ANN001
         try:
             probe()
             checks[name] = "ok"
-        except Exception as e:  # report every failing dependency, not only the first
+        except Exception as e:  # noqa: BLE001 - report every failing dependency, not only the first
             checks[name] = f"error: {type(e).__name__}: {e}"[:300]
     if engine_ready is not None:
         checks["engine"] = "ok" if engine_ready() else "error: engine not ready"

@@ -66,7 +66,7 @@ async def create_job(request: Request, services: ServicesDep, principal: Princip
     raise ApiError(415, "unsupported_media_type", "send multipart/form-data with `file`, or JSON with `audio_url`")
 
 
-async def _submit_form(form, services, principal, idempotency_key) -> JSONResponse:  # noqa: ANN001
+async def _submit_form(form, services, principal, idempotency_key) -> JSONResponse:
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise ApiError(422, "invalid_request", "multipart field `file` (the recording) is required")
@@ -79,7 +79,7 @@ async def _submit_form(form, services, principal, idempotency_key) -> JSONRespon
     return await _submit(services, principal, opts, source, idempotency_key)
 
 
-async def _submit(services, principal, opts, source, idempotency_key) -> JSONResponse:  # noqa: ANN001
+async def _submit(services, principal, opts, source, idempotency_key) -> JSONResponse:
     job, created = await run_in_threadpool(submit_job, services, principal, opts, source, idempotency_key)
     out = JobOut.from_row(job)
     headers = {"Location": f"/v1/jobs/{job.id}"}

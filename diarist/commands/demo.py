@@ -35,7 +35,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def submit_and_wait(base_url: str, path: Path, timeout_s: float, headers: dict | None = None,
-                    log=print) -> dict:  # noqa: ANN001
+                    log=print) -> dict:
     """POST the file to ``/v1/jobs``, poll until final; returns the final job JSON. Raises on HTTP errors."""
     import httpx
 

@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _db():  # noqa: ANN202
+def _db():
     from diarist.db import Database, upgrade
     from diarist.settings import Settings
 

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from diarist.settings import Settings
 
@@ -122,10 +122,10 @@ class EmbeddedStack:
         server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="off"))
 
         @contextlib.contextmanager
-        def on_signals():  # noqa: ANN202
+        def on_signals():
             # uvicorn's own handler re-raises the signal after shutdown, killing the process before the
             # worker threads and the engine stop; ask the server to exit and return normally instead.
-            def handler(_sig, _frame) -> None:  # noqa: ANN001
+            def handler(_sig, _frame) -> None:
                 server.should_exit = True
 
             previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -151,7 +151,7 @@ class EmbeddedStack:
         if self.services is not None:
             self.services.close()
 
-    def __enter__(self) -> EmbeddedStack:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -38,7 +38,7 @@ def test_audio_url_is_fetched_with_its_headers(client, wait_job):
     seen = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             seen["auth"] = self.headers.get("authorization")
             self.send_response(200)
             self.send_header("content-length", str(len(wav)))
@@ -103,7 +103,7 @@ def test_webhook_is_signed_and_delivered_with_retries(client, stack, receiver, w
     assert wait_job(client, job_id)["status"] == "completed"
     calls = hook.wait(2)
     assert len(calls) == 2
-    (h1, b1), (h2, b2) = calls
+    (h1, _b1), (h2, b2) = calls
     assert h1["webhook-id"] == h2["webhook-id"]  # the same message, retried
     for headers, body in calls:
         assert verify(stack.settings.webhook_secret, headers, body)

@@ -11,7 +11,7 @@ import os
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis not installed")
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
 EXAMPLES = int(os.environ.get("DIARIST_FUZZ_EXAMPLES", "15"))
 

@@ -29,7 +29,7 @@ def test_transcribe_bad_input_is_one_line_and_status_2(tmp_path, capsys, content
 
 
 def test_transcribe_missing_file(capsys, tmp_path):
-    status, out, err = run_cli(capsys, "transcribe", str(tmp_path / "nope.wav"))
+    status, _out, err = run_cli(capsys, "transcribe", str(tmp_path / "nope.wav"))
     assert status == 2 and err.strip() == f"diarist: error: not_found: no such file: {tmp_path / 'nope.wav'}"
 
 
@@ -46,7 +46,7 @@ def test_installed_command_exit_status(tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("not audio")
     p = subprocess.run([sys.executable, "-m", "diarist.cli", "transcribe", str(f)], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, check=False)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.startswith("diarist: error: decode_failed:") and p.stderr.count("\n") == 1
 
@@ -87,7 +87,7 @@ def test_transcribe_prints_speaker_lines(capsys, whisper_engine, monkeypatch):
 def test_demo_command_end_to_end(tmp_path):
     """`diarist demo` as a user runs it (own process: the embedded stack owns process-wide Celery state)."""
     p = subprocess.run([sys.executable, "-m", "diarist.cli", "demo", "--data-dir", str(tmp_path / "d")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "API listening on http://127.0.0.1:" in p.stdout
     lines = [x for x in p.stdout.splitlines() if x.startswith("[")]

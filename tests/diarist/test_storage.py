@@ -40,9 +40,8 @@ def test_round_trip_local_path_and_delete(store):
     assert store.delete_prefix("jobs/j1/") == 2
     with pytest.raises(ObjectNotFound):
         store.get_bytes("jobs/j1/audio")
-    with pytest.raises(ObjectNotFound):
-        with store.local_path("jobs/j1/audio"):
-            pass
+    with pytest.raises(ObjectNotFound), store.local_path("jobs/j1/audio"):
+        pass
     assert store.get_bytes("jobs/j2/audio") == b"other"
     assert store.delete_prefix("jobs/nothing/") == 0
     store.ping()

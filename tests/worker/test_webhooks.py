@@ -37,7 +37,7 @@ class Server:
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 outer.bodies.append((dict(self.headers), self.rfile.read(int(self.headers["content-length"]))))
                 self.send_response(outer.codes.pop(0) if outer.codes else 200)
                 self.send_header("content-length", "0")
