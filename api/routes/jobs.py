@@ -33,6 +33,7 @@ SUBMIT_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/JobFromUrl"}},
 }}}
 
+JSON_BODY_MAX = 64 << 10
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
 
 
@@ -58,12 +59,23 @@ async def create_job(request: Request, services: ServicesDep, principal: Princip
             await form.close()  # the upload's spooled temp file
     if ctype == "application/json":
         try:
-            body = JobFromUrl.model_validate_json(await request.body())
+            body = JobFromUrl.model_validate_json(await _small_body(request))
         except ValidationError as e:
             raise _validation_error(e) from None
         source = AudioSource(url=body.audio_url, headers=body.audio_headers)
         return await _submit(services, principal, body, source, idempotency_key)
     raise ApiError(415, "unsupported_media_type", "send multipart/form-data with `file`, or JSON with `audio_url`")
+
+
+async def _small_body(request: Request, limit: int = JSON_BODY_MAX) -> bytes:
+    """The request body, refusing (413) more than ``limit`` bytes without buffering them."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "too_large", f"a JSON job request is at most {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _submit_form(form, services, principal, idempotency_key) -> JSONResponse:

@@ -114,3 +114,9 @@ def test_audio_url_to_private_address_is_refused_without_allow_list(app_with):
     c = app_with(webhook_allow_hosts=[])
     r = c.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.wav"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "url_not_allowed"
+
+
+def test_oversized_json_request_is_413(client):
+    r = client.post("/v1/jobs", content=b'{"audio_url": "' + b"a" * (70 << 10) + b'"}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
