@@ -28,11 +28,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_baselines import (  # noqa: E402
-    decoder_weight_bytes, hbm_limit_s, measure_copy_bandwidth, naive_transformers_ms_per_token)
+from bench_baselines import (
+    decoder_weight_bytes,
+    hbm_limit_s,
+    measure_copy_bandwidth,
+    naive_transformers_ms_per_token,
+)
 
-from engine import Engine, EngineConfig, Sequence  # noqa: E402
-from engine.moss_td_pipeline import build_moss_sequence  # noqa: E402
+from engine import Engine, EngineConfig, Sequence
+from engine.moss_td_pipeline import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
     "w-short-c1": (800, 12.0, 60, 1),
@@ -198,7 +202,8 @@ def decode_step_probe(engine: Engine, context: int, steps: int, profile: bool) -
         b.synchronize()
         out["gpu_ms_per_step"] = a.elapsed_time(b) / 50
     if profile:
-        from torch.profiler import ProfilerActivity, profile as prof
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as prof
 
         with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
             for _ in range(10):
@@ -235,7 +240,7 @@ def main() -> None:
     res: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
                  "torch": torch.__version__}
     res["commit"] = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                                  text=True).stdout.strip()
+                                                  text=True, check=False).stdout.strip()
     bw = measure_copy_bandwidth()
     t0 = time.perf_counter()
     engine = make_engine(args)
@@ -257,7 +262,7 @@ def main() -> None:
         n = int(overrides.get(name, n))
         out_tokens = int(tok_over.get(name, full_tokens))
         torch.cuda.reset_peak_memory_stats()
-        stats, done = run_workload(engine, n, audio_s, out_tokens, conc, rng)
+        stats, _ = run_workload(engine, n, audio_s, out_tokens, conc, rng)
         rounds, batch = (n, 1) if conc == 1 else (-(-n // conc), min(conc, n))
         stats["hbm_limit_s"] = hbm_limit_s(wbytes, kvb, bw, rounds, batch, stats["prompt_tokens"], out_tokens)
         if out_tokens != full_tokens:  # shortened run: project the missing steps (see project_steps_s)

@@ -11,9 +11,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import bench_engine as be  # noqa: E402
+import bench_engine as be
 
-from engine import Engine, EngineConfig  # noqa: E402
+from engine import Engine, EngineConfig
 
 limit = float(sys.argv[1]) if len(sys.argv) > 1 else 90.0
 for asy in [a == "async" for a in (sys.argv[2:] or ["async", "sync"])]:

@@ -85,7 +85,7 @@ class OverlapLoop:
             launched = self._launch(batch)
             if self.pending is not None:
                 self._complete(self.pending)
-        except Exception as exc:  # as the sync loop: a failed step ends its sequences, never the engine
+        except Exception as exc:  # noqa: BLE001 - as the sync loop: a failed step ends its sequences only
             self._fail(batch, exc)
             return True
         self.pending = launched

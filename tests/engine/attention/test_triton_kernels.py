@@ -18,11 +18,11 @@ if not CUDA:  # must be set before the kernels are decorated (import time)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
 
-from engine.attention.torch_ref import TorchReferenceBackend, reference_attention  # noqa: E402
-from engine.attention.triton_backend import TritonBackend  # noqa: E402
-from engine.attention.triton_ops import decode as decode_mod  # noqa: E402
-from engine.attention.triton_ops import decode_attention, decode_splits_for_fill, extend_attention  # noqa: E402
-from engine.kv import CrossKVPool, KVPool, ReqToTokenTable  # noqa: E402
+from engine.attention.torch_ref import TorchReferenceBackend, reference_attention
+from engine.attention.triton_backend import TritonBackend
+from engine.attention.triton_ops import decode as decode_mod
+from engine.attention.triton_ops import decode_attention, decode_splits_for_fill, extend_attention
+from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
 
 if not CUDA:
     from triton.runtime import interpreter as _interp
@@ -133,7 +133,7 @@ def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | N
         qo.append(qo[-1] + e)
     q = torch.randn(qo[-1], hq, d, generator=gen, device=DEV).to(dtype)
     out = torch.full_like(q, float("nan"))
-    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)  # noqa: E731
+    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)
     scale = 1 / math.sqrt(d)
     extend_attention(q, k, v, out, rows, as_t(lens), as_t(exts), as_t(qo[:-1]), max(exts), sm_scale=scale,
                      table=table, causal=True, block_m=block_m, block_n=block_n)
