@@ -35,7 +35,7 @@ def _ours(files: list[Path], threads: int, repeats: int) -> dict:
     from engine.audio import decode_audio
     from engine.transcriber import TranscribeOptions, Transcriber
 
-    tr = Transcriber(Engine(EngineConfig(threads=threads)))
+    tr = Transcriber(Engine(EngineConfig(threads=threads or None)))
     opts = TranscribeOptions(diarize=False)
     tr.transcribe(files[0], opts)  # warm-up
     per, total_audio, total_s = [], 0.0, 0.0
@@ -82,23 +82,25 @@ def _timed(fn) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0, help="engine threads (0: the engine's default)")
+    p.add_argument("--fw-threads", type=int, default=2, help="faster-whisper cpu_threads")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out")
     a = p.parse_args()
     files = [Path(a.data) / f for f in ENGLISH if (Path(a.data) / f).is_file()]
     import torch
 
-    torch.set_num_threads(a.threads)
     ours = _ours(files, a.threads, a.repeats)
-    fw = _faster_whisper(files, a.threads, a.repeats, "float32")
-    fw8 = _faster_whisper(files, a.threads, a.repeats, "int8")
+    ours["torch_threads"] = torch.get_num_threads()
+    fw = _faster_whisper(files, a.fw_threads, a.repeats, "float32")
+    fw8 = _faster_whisper(files, a.fw_threads, a.repeats, "int8")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
         "benchmark": "cpu_tiny_en_vs_faster_whisper",
         "command": "python benchmarks/bench_cpu.py " + " ".join(f"--{k} {v}" for k, v in vars(a).items() if v and k != "out"),
         "commit": commit,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "load_avg_1m_at_end": os.getloadavg()[0]},
         "files": [f.name for f in files],
         "diarist": ours,
         "faster_whisper_float32": fw,

@@ -29,7 +29,7 @@ class EngineConfig:
         async_decode: launch each step before the host has read the previous step's tokens
             (:mod:`engine.overlap`; greedy; steps with a logits processor still run synchronously).
         stream_interval_s: coalescing window for streamed text deltas (seconds).
-        threads: torch intra-op threads on CPU (``None`` leaves torch's default).
+        threads: torch intra-op threads on CPU (``None``: half the cores, see ``engine.engine.default_cpu_threads``).
         encoder_window_budget: audio windows (30 s each) encoded per engine step, across requests
             (:mod:`engine.encoder_manager`); a long recording spreads over steps. 0 encodes at admission.
         encoder_cache_entries / encoder_cache_bytes: limits of the host LRU cache of encoder + adapter

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -24,6 +25,16 @@ log = logging.getLogger("diarist.engine")
 GiB = 1 << 30
 
 
+def default_cpu_threads() -> int:
+    """Intra-op threads for the CPU engine: half the cores (at least 1).
+
+    The engine shares the CPU with VAD, speaker embeddings, the API and workers. OpenMP threads spin while
+    they wait, so an oversubscribed pool turns the decoder's many tiny ops into waits: on 2 busy cores,
+    2 threads made tiny.en decoding 5-13x slower than 1 thread (measured here, benchmarks/bench_cpu.py).
+    """
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 class Engine:
     """Continuous-batching inference engine.
 
@@ -37,8 +48,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None) -> None:
         self.config = cfg = config or EngineConfig()
-        if cfg.threads and cfg.device == "cpu":
-            torch.set_num_threads(cfg.threads)
+        if cfg.device == "cpu":
+            torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
         self.loaded = loaded or load_model(cfg)
         self.model = self.loaded.model
