@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI
 
 from api import admin, errors
@@ -26,7 +28,15 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     """
     import diarist
 
-    app = FastAPI(title="Diarist", version=getattr(diarist, "__version__", "0.1.0"), description=DESCRIPTION)
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Sync routes and SSE streams run on AnyIO worker threads (40 by default); every open SSE client
+        # holds one, so a few dozen listeners would otherwise starve every other route.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = services.settings.api_threads
+        yield
+
+    app = FastAPI(title="Diarist", version=getattr(diarist, "__version__", "0.1.0"), description=DESCRIPTION,
+                  lifespan=lifespan)
     app.state.services = services
     app.state.engine_ready = engine_ready
     errors.install(app)

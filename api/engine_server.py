@@ -14,12 +14,12 @@ Many requests run at once (one thread each); the engine batches across them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import queue
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,24 +60,32 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
         except EngineError as e:
             raise ApiError(500, "engine_error", str(e)) from None
 
-    def stream(path: Path, opts: Any) -> Iterator[dict]:
-        """Run in a thread; yield its events as they come, then the result (or error)."""
-        q: queue.Queue = queue.Queue()
+    async def stream(path: Path, opts: Any) -> AsyncIterator[dict]:
+        """Run the transcription on its own thread; yield its events as they come, then the result or error.
+
+        The events cross to the event loop through an asyncio queue, so a waiting request holds no
+        worker thread (only the transcription itself does).
+        """
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+
+        def put(item: Any) -> None:
+            loop.call_soon_threadsafe(q.put_nowait, item)
 
         def work() -> None:
             try:
-                result = run(path, opts, lambda k, p: q.put({"type": k, **p}))
-                q.put({"type": "result", "result": {**result, "engine_id": engine_id}})
+                result = run(path, opts, lambda k, p: put({"type": k, **p}))
+                put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
-                q.put({"type": "error", "code": e.code, "message": e.message})
+                put({"type": "error", "code": e.code, "message": e.message})
             except Exception as e:  # noqa: BLE001 - the stream must end with a line the worker understands
-                q.put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
+                put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
             finally:
-                q.put(_END)
+                put(_END)
                 path.unlink(missing_ok=True)
 
         threading.Thread(target=work, name="engine-request", daemon=True).start()
-        while (item := q.get()) is not _END:
+        while (item := await q.get()) is not _END:
             yield item
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
@@ -91,7 +99,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
         async with await anyio.open_file(name, "wb") as out:
             async for chunk in request.stream():
                 await out.write(chunk)
-        lines = (json.dumps(ev, default=str) + "\n" for ev in stream(Path(name), opts))
+        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts))
         return StreamingResponse(lines, media_type="application/x-ndjson")
 
     @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")
@@ -112,8 +120,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
                 await out.write(chunk)
         opts = _options(TranscribeOptions, {"language": language, "prompt": prompt})
         if stream_:
-            def sse() -> Iterator[str]:
-                for ev in stream(Path(name), opts):
+            async def sse() -> AsyncIterator[str]:
+                async for ev in stream(Path(name), opts):
                     if ev["type"] == "delta":
                         yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': ev['text']})}\n\n"
                     elif ev["type"] == "result":

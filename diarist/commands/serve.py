@@ -49,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
 
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
-    uvicorn.run(create_app(services), host=host, port=port, log_level="info", lifespan="off")
+    uvicorn.run(create_app(services), host=host, port=port, log_level="info", lifespan="on")
     return 0

@@ -100,7 +100,7 @@ class EmbeddedStack:
         sock.bind((host, port))
         host_shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{host_shown}:{sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.server_thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                               name="diarist-http", daemon=True)
@@ -119,7 +119,7 @@ class EmbeddedStack:
 
         import uvicorn
 
-        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="off"))
+        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on"))
 
         @contextlib.contextmanager
         def on_signals():

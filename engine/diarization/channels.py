@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.diarization.pipeline import Turn
+from engine.diarization.turns import Turn
 
 DISTINCT_CORRELATION = 0.9
 """Channels whose waveforms correlate above this are copies of one mix (e.g. mono saved as stereo)."""

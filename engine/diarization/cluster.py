@@ -11,8 +11,11 @@ clusters; ``min_speakers`` / ``max_speakers`` clip the automatic count and re-cu
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import pdist
 
 
@@ -22,15 +25,16 @@ def _relabel(labels: np.ndarray) -> np.ndarray:
     return np.array([order.setdefault(int(x), len(order)) for x in labels], dtype=np.int64)
 
 
-def _fold_small(emb: np.ndarray, labels: np.ndarray, weight: np.ndarray, min_mass: float, keep: int) -> np.ndarray:
-    """Merge clusters whose total ``weight`` is below ``min_mass`` into the closest cluster by centroid
-    cosine, smallest first, while more than ``keep`` clusters remain."""
+def _fold_small(emb: np.ndarray, labels: np.ndarray, mass_of: Callable[[np.ndarray], float], min_mass: float,
+                keep: int) -> np.ndarray:
+    """Merge clusters whose mass (``mass_of(member_mask)``) is below ``min_mass`` into the closest cluster
+    by centroid cosine, smallest first, while more than ``keep`` clusters remain."""
     labels = labels.copy()
     while True:
         ids = np.unique(labels)
         if len(ids) <= keep:
             return labels
-        mass = np.array([weight[labels == i].sum() for i in ids])
+        mass = np.array([mass_of(labels == i) for i in ids])
         small = int(np.argmin(mass))
         if mass[small] >= min_mass:
             return labels
@@ -41,9 +45,40 @@ def _fold_small(emb: np.ndarray, labels: np.ndarray, weight: np.ndarray, min_mas
         labels[labels == ids[small]] = ids[int(np.argmax(sim))]
 
 
+def check_hints(num_speakers: int | None, min_speakers: int | None, max_speakers: int | None) -> None:
+    """Raise ``ValueError`` for speaker-count hints below 1 or ``min_speakers > max_speakers``."""
+    for name, v in (("num_speakers", num_speakers), ("min_speakers", min_speakers), ("max_speakers", max_speakers)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    if min_speakers is not None and max_speakers is not None and min_speakers > max_speakers:
+        raise ValueError(f"min_speakers ({min_speakers}) > max_speakers ({max_speakers})")
+
+
+def assign_to_centroids(emb: np.ndarray, centroids: np.ndarray, groups: list[int]) -> np.ndarray:
+    """Map each embedding to a centroid, where embeddings of one group (the local speakers of one
+    segmentation chunk, who are different people) must take different centroids.
+
+    Args:
+        emb: float ``[n, d]`` unit rows; centroids: float ``[k, d]`` unit rows; groups: ``n`` group ids.
+    Returns:
+        int64 ``[n]`` centroid index per row, maximising the summed cosine similarity within each group
+        (Hungarian algorithm, ``scipy.optimize.linear_sum_assignment``); ``-1`` for rows left over when a
+        group has more rows than there are centroids.
+    """
+    out = np.full(len(emb), -1, np.int64)
+    sim = emb @ centroids.T
+    g = np.asarray(groups)
+    for key in np.unique(g):
+        rows = np.flatnonzero(g == key)
+        r, c = linear_sum_assignment(sim[rows], maximize=True)
+        out[rows[r]] = c
+    return out
+
+
 def cluster_embeddings(emb: np.ndarray, threshold: float, num_speakers: int | None = None,
                        min_speakers: int | None = None, max_speakers: int | None = None,
-                       weight: np.ndarray | None = None, min_cluster_s: float = 2.0) -> np.ndarray:
+                       weight: np.ndarray | None = None, min_cluster_s: float = 2.0,
+                       mass: Callable[[np.ndarray], float] | None = None) -> np.ndarray:
     """Speaker index per embedding.
 
     Args:
@@ -52,6 +87,8 @@ def cluster_embeddings(emb: np.ndarray, threshold: float, num_speakers: int | No
         num_speakers: exact count wanted (overrides the others). min_speakers / max_speakers: bounds on
             the automatic count. Counts are capped at ``n``.
         weight: seconds of speech each row stands for (default 1 each), for ``min_cluster_s``.
+        mass: seconds of speech of a set of rows (bool mask ``[n]`` -> float), for ``min_cluster_s`` when
+            rows overlap in time so that weights do not add up (default: the sum of ``weight``).
         min_cluster_s: clusters with less speech than this are folded into their nearest neighbour
             (never below ``min_speakers`` or ``num_speakers`` clusters).
     Returns:
@@ -59,11 +96,7 @@ def cluster_embeddings(emb: np.ndarray, threshold: float, num_speakers: int | No
     Raises:
         ValueError: inconsistent hints (``min_speakers > max_speakers``, counts below 1).
     """
-    for name, v in (("num_speakers", num_speakers), ("min_speakers", min_speakers), ("max_speakers", max_speakers)):
-        if v is not None and v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
-    if min_speakers is not None and max_speakers is not None and min_speakers > max_speakers:
-        raise ValueError(f"min_speakers ({min_speakers}) > max_speakers ({max_speakers})")
+    check_hints(num_speakers, min_speakers, max_speakers)
     n = emb.shape[0]
     if n == 0:
         return np.zeros(0, np.int64)
@@ -77,7 +110,7 @@ def cluster_embeddings(emb: np.ndarray, threshold: float, num_speakers: int | No
     lo = min(min_speakers or 1, n)
     hi = min(max_speakers or n, n)
     labels = fcluster(tree, t=threshold, criterion="distance") - 1
-    labels = _fold_small(emb, labels, weight, min_cluster_s, keep=lo)
+    labels = _fold_small(emb, labels, mass or (lambda rows: float(weight[rows].sum())), min_cluster_s, keep=lo)
     k = len(np.unique(labels))
     if k < lo or k > hi:
         labels = fcluster(tree, t=min(max(k, lo), hi), criterion="maxclust") - 1

@@ -9,12 +9,15 @@ geometry, so the models are interchangeable. Two are measured (docs/diarization.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
 import torch
 
 from engine.audio.decode import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
 
 
 def _cut(wave: np.ndarray, start: float, end: float) -> np.ndarray:
@@ -60,9 +63,18 @@ class CamPlusPlusEmbedder:
         return groups
 
     @torch.inference_mode()
-    def embed(self, wave: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
-        """Args: wave float32 ``[n]`` 16 kHz; windows ``(start, end)`` seconds (>= 0.05 s each).
-        Returns float32 ``[len(windows), 192]``, unit length."""
+    def embed(self, wave: np.ndarray, windows: list[tuple[float, float]],
+              masks: list[np.ndarray] | None = None) -> np.ndarray:
+        """Embeddings of windows, optionally of selected 10 ms frames only.
+
+        Args:
+            wave: float32 ``[n]`` 16 kHz.
+            windows: ``(start, end)`` seconds (>= 0.05 s each).
+            masks: optional bool ``[round(100 * (end - start))]`` per window: the 10 ms frames that feed
+                the D-TDNN (e.g. the frames where one speaker talks alone); at least 2 must be set.
+        Returns:
+            float32 ``[len(windows), 192]``, unit length.
+        """
         from engine.diarization.campplus import fbank
 
         out = np.zeros((len(windows), self.dim), np.float32)
@@ -72,15 +84,19 @@ class CamPlusPlusEmbedder:
                 g1 = max(windows[i][1] for i in group)
                 feats = fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, g0, g1)))).to(self.device)
                 front = self.model.head(feats.T.unsqueeze(0))[0]  # [320, T], 10 ms frames
-                by_len: dict[int, list[tuple[int, int]]] = {}
+                by_len: dict[int, list[tuple[int, torch.Tensor]]] = {}
                 for i in group:
                     off = int(round((windows[i][0] - g0) * 100))
                     n = max(2, min(int(round((windows[i][1] - windows[i][0]) * 100)) - 2, front.shape[1] - off))
-                    by_len.setdefault(n, []).append((i, off))
-                for n, items in by_len.items():
+                    x = front[:, off : off + n]
+                    if masks is not None:
+                        keep = np.flatnonzero(np.asarray(masks[i], bool)[:n])
+                        x = x[:, torch.from_numpy(keep if keep.size >= 2 else np.arange(n))]
+                    by_len.setdefault(x.shape[1], []).append((i, x))
+                for items in by_len.values():
                     for k in range(0, len(items), self.batch):
                         part = items[k : k + self.batch]
-                        x = torch.stack([front[:, off : off + n] for _, off in part])
+                        x = torch.stack([x for _, x in part])
                         out[[i for i, _ in part]] = self.model.xvector(x).float().cpu().numpy()
         return _normalise(out)
 
@@ -113,3 +129,21 @@ class GE2EEmbedder:
                 x = torch.from_numpy(np.stack([mels[i] for i in idx])).to(self.model.device)
                 out[idx] = self.model(x).cpu().numpy()
         return _normalise(out)
+
+
+_embedder = None
+_embedder_lock = threading.Lock()
+
+
+def default_embedder():
+    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
+    holding the CAM++ weights is not installed."""
+    global _embedder
+    with _embedder_lock:
+        if _embedder is None:
+            try:
+                _embedder = CamPlusPlusEmbedder()
+            except FileNotFoundError as e:
+                log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
+                _embedder = GE2EEmbedder()
+        return _embedder

@@ -1,4 +1,6 @@
-"""Speaker turns from speech regions: sliding-window embeddings ▸ clustering ▸ frame labels ▸ turns.
+"""Fallback diarization without a segmentation model: sliding-window embeddings ▸ clustering ▸ frame
+labels ▸ turns. Used when ``segmentation-3.0`` is unavailable or another embedder is asked for
+(``pipeline.diarize``); measured against the default in docs/diarization.md.
 
 Windows of ``WINDOW_S`` seconds every ``HOP_S`` seconds tile each speech region (a region shorter than
 one window gets one window, widened to ``WINDOW_S`` around its centre where the recording allows, so
@@ -14,16 +16,12 @@ carry. Multichannel recordings with one talker per channel keep both talkers (``
 
 from __future__ import annotations
 
-import logging
-import threading
-from dataclasses import dataclass
-
 import numpy as np
 
 from engine.audio.decode import SAMPLE_RATE
 from engine.diarization.cluster import cluster_embeddings
-
-log = logging.getLogger(__name__)
+from engine.diarization.embedders import default_embedder
+from engine.diarization.turns import Turn, number_by_appearance
 
 WINDOW_S = 1.5
 """Embedding window (seconds): long enough for a stable embedding, short enough to follow turns."""
@@ -36,36 +34,6 @@ MIN_REGION_S = 0.1
 
 THRESHOLDS = {"campplus": 0.6, "ge2e": 0.3}
 """Cosine-distance cut of the average-linkage dendrogram, per embedding model (docs/diarization.md)."""
-
-
-@dataclass
-class Turn:
-    """One speaker's stretch of speech: ``start``/``end`` in seconds, ``speaker`` an index 0, 1, ...
-    numbered by first appearance."""
-
-    start: float
-    end: float
-    speaker: int
-
-
-_embedder = None
-_embedder_lock = threading.Lock()
-
-
-def default_embedder():
-    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
-    holding the CAM++ weights is not installed."""
-    global _embedder
-    with _embedder_lock:
-        if _embedder is None:
-            from engine.diarization.embedders import CamPlusPlusEmbedder, GE2EEmbedder
-
-            try:
-                _embedder = CamPlusPlusEmbedder()
-            except FileNotFoundError as e:
-                log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
-                _embedder = GE2EEmbedder()
-        return _embedder
 
 
 def make_windows(speech: list[tuple[float, float]], duration: float) -> list[tuple[float, float]]:
@@ -101,16 +69,13 @@ def _turns(speech: list[tuple[float, float]], windows: list[tuple[float, float]]
                 turns[-1].end = end
             else:
                 turns.append(Turn(round(start, 3), round(end, 3), spk))
-    order: dict[int, int] = {}
-    for t in turns:
-        t.speaker = order.setdefault(t.speaker, len(order))
-    return turns
+    return number_by_appearance(turns)
 
 
-def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
+def diarize_windows(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
             threshold: float | None = None) -> list[Turn]:
-    """Who speaks when, within the given speech regions.
+    """Who speaks when, within the given speech regions, from fixed windows (one speaker per instant).
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz.

@@ -203,3 +203,36 @@ def test_concurrent_requests_with_one_idempotency_key_make_one_job(stack, yes_wa
     assert sum(r.status_code == 202 for r in answers) == 1
     assert len({r.json()["id"] for r in answers}) == 1
     assert wait_job(client, answers[0].json()["id"])["status"] == "completed"
+
+
+def test_many_open_event_streams_do_not_starve_other_routes(stack, client):
+    """More SSE listeners than AnyIO's default 40 worker threads; sync routes must still answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from diarist import jobs
+    from diarist.models import Job
+
+    svc = stack.services
+    job = Job(audio_key="jobs/held2/audio", duration_s=10.0, status="processing")
+    with svc.db.session() as s:
+        s.add(job)
+    n, opened = 48, threading.Semaphore(0)
+
+    def listen(_i: int) -> int:
+        with httpx.stream("GET", f"{stack.url}/v1/jobs/{job.id}/events", timeout=120) as r:
+            lines = 0
+            for line in r.iter_lines():
+                if lines == 0:
+                    opened.release()
+                lines += bool(line)
+            return lines
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(listen, i) for i in range(n)]
+        try:
+            assert all(opened.acquire(timeout=30) for _ in range(n))
+            assert client.get("/v1/jobs", params={"limit": 1}, timeout=10).status_code == 200
+            assert client.get("/healthz", timeout=10).status_code == 200
+        finally:
+            jobs.fail(svc, job.id, "engine_error", "test over")  # ends every stream, pass or fail
+        assert all(f.result(timeout=60) >= 4 for f in futures)  # 2 events x (event + data) lines
