@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -226,12 +227,26 @@ class Engine:
                 out.append(int(greedy[i]))
         return out
 
-    def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None) -> list[Sequence]:
-        """Submit nothing; wait (or step inline when no loop thread runs) until every seq has finished."""
+    def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None,
+                       should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
+        """Wait (or step inline when no loop thread runs) until every seq has finished.
+
+        ``should_cancel`` is polled while waiting; once it returns True every unfinished seq is aborted
+        (finish_reason ``abort``, KV freed) and the call returns when they have ended.
+
+        Raises:
+            TimeoutError: not finished within ``timeout_s`` seconds.
+        """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        canceled = False
         while not all(s.finished for s in seqs):
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("sequences did not finish in time")
+            if not canceled and should_cancel is not None and should_cancel():
+                canceled = True
+                for s in seqs:
+                    if not s.finished:
+                        self.abort(s)
             if self._thread is None:
                 if not self.step() and not all(s.finished for s in seqs):
                     self._drain()

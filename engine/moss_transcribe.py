@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,8 @@ from engine.request import FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 
 
-def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None) -> dict:
+def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None,
+                    should_cancel: Callable[[], bool] | None = None) -> dict:
     """Run one MOSS-TD sequence over ``wave`` (float32 ``[n]`` 16 kHz) and return the engine result dict.
 
     Text deltas stream through an incremental detokenizer and a 50 ms coalescer; nothing is streamed
@@ -51,7 +53,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
 
     seq.on_event = listener
     engine.submit(seq)
-    engine.run_until_done([seq])
+    engine.run_until_done([seq], should_cancel=should_cancel)
     if seq.finish_reason == FinishReason.ERROR:
         raise EngineError(seq.error or "engine step failed")
     duration = len(wave) / 16_000

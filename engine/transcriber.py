@@ -14,7 +14,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,7 +75,7 @@ class Transcriber:
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
-                   on_event: EventFn | None = None) -> dict:
+                   on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
         """Transcribe a recording (path, bytes or binary file object).
 
         Returns:
@@ -83,6 +83,9 @@ class Transcriber:
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, rtf}.
+        ``should_cancel`` is polled while the engine works; when it returns True the recording's sequences
+        are aborted at once (their KV is freed) and the result has finish_reason ``abort``.
+
         Raises:
             AudioError: undecodable input (codes in :class:`engine.audio.AudioError`).
             RequestRejected: the recording cannot fit the model's context (``too_long``).
@@ -96,14 +99,14 @@ class Transcriber:
         if self.family != "whisper":
             from engine.moss_transcribe import transcribe_moss
 
-            result = transcribe_moss(self.engine, audio.mono, opts, on_event)
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel)
             result["model"] = self.engine.loaded.info.get("name")
             result["language"] = opts.language
             result["family"] = "moss-td"
         elif opts.multichannel and audio.samples.shape[0] > 1:
-            result = self._multichannel(audio.samples, opts, on_event)
+            result = self._multichannel(audio.samples, opts, should_cancel)
         else:
-            result = self._whisper(audio.mono, opts, on_event, diarize=opts.diarize)
+            result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
         processing = time.perf_counter() - t0
         result["metrics"]["processing_s"] = processing
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
@@ -122,7 +125,7 @@ class Transcriber:
         return detect_speech(wave)
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
-                 diarize: bool) -> dict:
+                 diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
         duration = len(wave) / SAMPLE_RATE
         t_vad = time.perf_counter()
         speech = self._speech(wave)
@@ -134,7 +137,7 @@ class Transcriber:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
             return self._result(duration, [], FinishReason.STOP.value, metrics, no_speech=True)
-        seqs = self._run_windows(wave, windows, opts, on_event)
+        seqs = self._run_windows(wave, windows, opts, on_event, should_cancel)
         segments: list[dict] = []
         for w, seq in zip(windows, seqs, strict=True):
             segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps))
@@ -152,7 +155,7 @@ class Transcriber:
         return self._result(duration, segments, finish, metrics, no_speech=not segments)
 
     def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
-                     on_event: EventFn | None) -> list[Sequence]:
+                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None) -> list[Sequence]:
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
         prompt = whisper_prompt(self.tokens, prompt_ids)
         budget = opts.max_new_tokens or (self.engine.max_context - len(prompt))
@@ -169,7 +172,7 @@ class Transcriber:
             seqs.append(seq)
         for seq in seqs:
             self.engine.submit(seq)
-        self.engine.run_until_done(seqs)
+        self.engine.run_until_done(seqs, should_cancel=should_cancel)
         errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
         if errors:
             raise EngineError(errors[0].error or "engine step failed")
@@ -228,10 +231,11 @@ class Transcriber:
                         max_speakers=opts.max_speakers)
         return assign_speakers(segments, turns)
 
-    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None) -> dict:
+    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
+                      should_cancel: Callable[[], bool] | None) -> dict:
         results = []
         for ch in range(samples.shape[0]):
-            results.append(self._whisper(samples[ch], opts, None, diarize=False))
+            results.append(self._whisper(samples[ch], opts, None, False, should_cancel))
         segments = []
         for ch, r in enumerate(results):
             for seg in r["segments"]:

@@ -51,7 +51,10 @@ class InProcessEngineClient:
 
         opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None})
         try:
-            return self.transcriber.transcribe(str(audio), opts, on_event=on_event)
+            # The worker's progress callback learns of a cancel from the job row; aborting frees the KV now
+            # instead of finishing work nobody will read.
+            return self.transcriber.transcribe(str(audio), opts, on_event=on_event,
+                                               should_cancel=lambda: bool(getattr(on_event, "canceled", False)))
         except (AudioError, RequestRejected) as e:
             raise JobFailure(e.code, e.message) from e
         except EngineError as e:

@@ -86,3 +86,17 @@ def test_multichannel_labels_by_channel(tr):
     left = " ".join(s["text"] for s in r["segments"] if s["speaker"] == "CH1")
     ref = data_file("en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.ch1_left.txt").read_text()
     assert jiwer.wer(norm(ref), norm(left)) <= 0.2
+
+
+def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
+    calls = []
+
+    def should_cancel():
+        calls.append(1)
+        return len(calls) > 3  # after a few polls: mid-decode
+
+    r = tr.transcribe(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), TranscribeOptions(diarize=False),
+                      should_cancel=should_cancel)
+    assert r["finish_reason"] == "abort" and r["incomplete"] is True
+    e = whisper_engine
+    assert e.allocator.num_free == e.allocator.num_slots and e.table.num_free == e.table.max_reqs
