@@ -83,7 +83,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     p.add_argument("--threads", type=int, default=0, help="engine threads (0: the engine's default)")
-    p.add_argument("--fw-threads", type=int, default=2, help="faster-whisper cpu_threads")
+    p.add_argument("--fw-threads", type=int, default=1, help="faster-whisper cpu_threads (default: as many as the engine)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out")
     a = p.parse_args()
@@ -97,7 +97,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
         "benchmark": "cpu_tiny_en_vs_faster_whisper",
-        "command": "python benchmarks/bench_cpu.py " + " ".join(f"--{k} {v}" for k, v in vars(a).items() if v and k != "out"),
+        "command": "python benchmarks/bench_cpu.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v and k != "out"),
         "commit": commit,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "load_avg_1m_at_end": os.getloadavg()[0]},
