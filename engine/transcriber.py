@@ -24,10 +24,15 @@ import torch
 from engine.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
 from engine.engine import Engine
 from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from engine.repetition import RepetitionGuard
 from engine.request import FinishReason, Sequence
 from engine.progress import EventFn, WindowProgress
 from engine.streaming import IncrementalDetokenizer
 from engine.windows import Window, pack_windows
+
+WHISPER_LOOP_MIN_SPAN = 48
+"""Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
+
 
 class EngineError(RuntimeError):
     """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
@@ -166,8 +171,14 @@ class Transcriber:
             chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
             mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
             detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+            ts0 = self.tokens.timestamp_begin
+            # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
+            # a window early (timestamps count as one class, so advancing times still form a loop).
+            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN,
+                                    canonical=lambda t, ts0=ts0: ts0 if t >= ts0 else t)
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules, tag=i)
+                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
+                           stop_checker=guard, tag=i)
             seq.on_event = self._make_listener(i, detok, progress, w)
             seqs.append(seq)
         for seq in seqs:
@@ -190,25 +201,33 @@ class Transcriber:
                     progress.text(index, rest)
                 segs = [{"start": w.start + r.start, "end": w.start + r.end,
                          "text": self.engine.tokenizer.decode(r.token_ids).strip()}
-                        for r in split_segments(self.tokens, seq.output_ids, w.duration)]
+                        for r in split_segments(self.tokens, self._kept(seq), w.duration)]
                 progress.window_done(index, segs)
         return listener
 
+    @staticmethod
+    def _kept(seq: Sequence) -> list[int]:
+        """Output ids without a repeated tail the loop guard stopped."""
+        if seq.finish_reason == FinishReason.REPETITION and isinstance(seq.stop_checker, RepetitionGuard):
+            return seq.stop_checker.kept_output(seq.output_ids)
+        return seq.output_ids
+
     def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool) -> list[dict]:
         tok = self.engine.tokenizer
+        output_ids = self._kept(seq)
         out = []
         words_all: list[dict] = []
         enc = seq.mm_state.pop("encoder", None)
-        if want_words and enc is not None and seq.output_ids:
+        if want_words and enc is not None and output_ids:
             try:
                 from engine.models.whisper_align import align_words
             except ImportError:
                 align_words = None
             if align_words is not None:
                 n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
-                words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, seq.output_ids,
+                words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
                                         self.alignment_heads, n_frames)
-        for index, raw in enumerate(split_segments(self.tokens, seq.output_ids, w.duration)):
+        for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
             text = tok.decode(raw.token_ids).strip()
             if not text:
                 continue
