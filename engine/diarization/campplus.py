@@ -187,7 +187,7 @@ def fbank(wave: torch.Tensor) -> torch.Tensor:
     ``torchaudio.compliance.kaldi.fbank`` with 25 ms windows, 10 ms hop, 80 bins, no dither (the
     features CAM++ was trained on).
     """
-    import torchaudio.compliance.kaldi as kaldi
+    from torchaudio.compliance import kaldi
 
     f = kaldi.fbank(wave.reshape(1, -1) * 32768.0, num_mel_bins=80, sample_frequency=16000, dither=0.0)
     return f - f.mean(0, keepdim=True)

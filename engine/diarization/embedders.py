@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def _cut(wave: np.ndarray, start: float, end: float) -> np.ndarray:
-    return wave[int(round(start * SAMPLE_RATE)) : int(round(end * SAMPLE_RATE))]
+    return wave[round(start * SAMPLE_RATE) : round(end * SAMPLE_RATE)]
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -76,9 +76,10 @@ class CamPlusPlusEmbedder:
             float32 ``[len(windows), 192]``, unit length.
         """
         from engine.diarization.campplus import fbank
+        from engine.diarization.segmentation import one_thread
 
         out = np.zeros((len(windows), self.dim), np.float32)
-        with self._lock:
+        with self._lock, one_thread():
             for group in self._groups(windows):
                 g0 = min(windows[i][0] for i in group)
                 g1 = max(windows[i][1] for i in group)
@@ -86,8 +87,8 @@ class CamPlusPlusEmbedder:
                 front = self.model.head(feats.T.unsqueeze(0))[0]  # [320, T], 10 ms frames
                 by_len: dict[int, list[tuple[int, torch.Tensor]]] = {}
                 for i in group:
-                    off = int(round((windows[i][0] - g0) * 100))
-                    n = max(2, min(int(round((windows[i][1] - windows[i][0]) * 100)) - 2, front.shape[1] - off))
+                    off = round((windows[i][0] - g0) * 100)
+                    n = max(2, min(round((windows[i][1] - windows[i][0]) * 100) - 2, front.shape[1] - off))
                     x = front[:, off : off + n]
                     if masks is not None:
                         keep = np.flatnonzero(np.asarray(masks[i], bool)[:n])

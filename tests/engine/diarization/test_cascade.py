@@ -11,7 +11,12 @@ from engine.audio import decode_audio, log_mel_spectrogram
 from engine.audio.vad import detect_speech
 from engine.diarization import assign_speakers, diarize
 from engine.models.whisper_align import align_words
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from engine.models.whisper_decoding import (
+    WhisperTimestampRules,
+    WhisperTokens,
+    split_segments,
+    whisper_prompt,
+)
 from tests.conftest import data_file
 
 

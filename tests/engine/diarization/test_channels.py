@@ -12,7 +12,12 @@ from engine import Sequence
 from engine.audio import decode_audio, log_mel_spectrogram
 from engine.audio.vad import detect_speech
 from engine.diarization import channel_turns, distinct_channels, label_channels
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from engine.models.whisper_decoding import (
+    WhisperTimestampRules,
+    WhisperTokens,
+    split_segments,
+    whisper_prompt,
+)
 from tests.conftest import data_file
 
 STEREO = "en_stereo_2spk_overlap_fasterwhisper/stereo_diarization"

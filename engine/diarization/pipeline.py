@@ -1,0 +1,211 @@
+"""Who speaks when: local speaker segmentation ▸ per-chunk speaker embeddings ▸ global clustering ▸
+overlap-aware reconstruction (the structure of pyannote's speaker-diarization-3.x pipeline, written
+here from its description; models: ``segmentation-3.0`` and CAM++).
+
+1. ``segmentation-3.0`` runs on 10 s chunks every ``segmentation.STEP_S`` seconds; in each chunk it says which of
+   up to 3 *local* speakers talk in each 17 ms frame (at most 2 at once).
+2. Each local speaker of each chunk that talks long enough gets a CAM++ embedding of the frames where
+   it talks alone (all its frames when those are too few).
+3. Embeddings with at least ``TRAIN_CLEAN_S`` seconds of solo speech (pyannote's 20% of a chunk) are
+   clustered (``cluster.cluster_embeddings``: average-linkage AHC, cut at ``THRESHOLD``); then every
+   local speaker is mapped to a global speaker, chunk by chunk, with the constraint that two local
+   speakers of one chunk are two different people (``cluster.assign_to_centroids``).
+4. Each frame gets as many speakers as the chunks that see it say talk there (their mean count,
+   rounded), taking the global speakers with the most support from the chunks; runs become turns.
+
+Overlap (the documented choice): turns are overlap-aware, so two speakers can hold one instant, as in
+the reference annotations DER is scored against. A transcript still carries each word once:
+``assign.assign_speakers`` gives a word to the speaker whose turns cover most of it.
+
+``diarize(..., embedder=GE2EEmbedder())``, or a missing ``segmentation-3.0``, uses the older window
+pipeline (``windows.py``), kept as the fallback and as the baseline of docs/diarization.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.audio.decode import SAMPLE_RATE
+from engine.diarization.activity import aggregate, frame_edges, grid_size
+from engine.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
+from engine.diarization.embedders import default_embedder
+from engine.diarization.segmentation import CHUNK_S, FRAME_STEP, frame_centres, segment_cached, to_multilabel
+from engine.diarization.turns import Turn, activity_to_turns, number_by_appearance
+
+__all__ = ["Turn", "diarize"]
+
+THRESHOLD = 0.6
+"""Cosine-distance cut for CAM++ embeddings (docs/diarization.md: how it was chosen, sensitivity)."""
+MIN_ACTIVE_S = 0.2
+"""A local speaker talking less than this in a chunk is ignored (no embedding, no turns)."""
+MIN_CLEAN_S = 0.5
+"""Solo speech needed to embed only solo frames; below it all the speaker's frames are used."""
+TRAIN_CLEAN_S = 2.0
+"""Solo speech (seconds within one chunk) an embedding needs to take part in the clustering itself."""
+MIN_CLUSTER_S = 2.0
+"""Clusters with less solo speech than this (seconds, each frame counted once) join their nearest cluster."""
+MIN_REGION_S = 0.1
+"""Speech regions shorter than this are ignored (too short to hold a word)."""
+
+DT = FRAME_STEP / SAMPLE_RATE
+
+
+def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
+    centres = frame_centres(np.arange(num))
+    mask = np.zeros(num, bool)
+    for s, e in speech:
+        mask[(centres >= s) & (centres < e)] = True
+    return mask
+
+
+def _frame_masks(act_ck: np.ndarray, window: tuple[float, float], chunk_start: float) -> np.ndarray:
+    """Segmentation frames of one local speaker -> bool mask over the 10 ms fbank frames of ``window``."""
+    n = round((window[1] - window[0]) * 100)
+    t = window[0] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
+    f = np.clip(np.round((t - chunk_start) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP).astype(int), 0,
+                len(act_ck) - 1)
+    return act_ck[f]
+
+
+def _embed_local_speakers(wave, offsets, act, embedder):
+    """Embeddings of the local speakers that talk long enough: ``(items [(c, k)], clean_s [n], solo frames
+    [n] (global frame indices), emb [n, d])``."""
+    duration = wave.size / SAMPLE_RATE
+    solo = act.sum(-1, keepdims=True) == 1
+    items, clean_s, solo_frames, windows, masks = [], [], [], [], []
+    for c, o in enumerate(offsets):
+        start = o * DT  # negative for the first chunk: it starts in the silence padding
+        window = (max(0.0, start), min(duration, start + CHUNK_S))
+        for k in range(act.shape[2]):
+            active = act[c, :, k] > 0
+            if active.sum() * DT < MIN_ACTIVE_S:
+                continue
+            clean = active & solo[c, :, 0]
+            use = clean if clean.sum() * DT >= MIN_CLEAN_S else active
+            items.append((c, k))
+            clean_s.append(clean.sum() * DT)
+            solo_frames.append(set((o + np.flatnonzero(clean)).tolist()))
+            windows.append(window)
+            masks.append(_frame_masks(use, window, start))
+    if not items:
+        return items, np.zeros(0), [], np.zeros((0, 1), np.float32)
+    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks)
+
+
+def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, max_speakers):
+    """Global speaker centroids ``[g, d]`` from the embeddings with enough solo speech.
+
+    A cluster's mass for ``MIN_CLUSTER_S`` is the time its members talk alone, counted once per
+    global frame (each frame is seen by several chunks)."""
+    train = np.flatnonzero(clean_s >= TRAIN_CLEAN_S)
+    if len(train) == 0:  # nobody talks alone for 2 s in any chunk: use what there is
+        train = np.arange(len(emb))
+
+    def mass(rows: np.ndarray) -> float:
+        return len(set().union(*(solo_frames[i] for i in train[rows]))) * DT
+
+    labels = cluster_embeddings(emb[train], threshold, num_speakers, min_speakers, max_speakers,
+                                min_cluster_s=MIN_CLUSTER_S, mass=mass)
+    cent = np.stack([emb[train][labels == g].mean(0) for g in range(labels.max() + 1)])
+    return cent / np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-12)
+
+
+def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech):
+    """Per-frame global speakers ``[num, n_spk]`` bool from chunk activity and the local->global map."""
+    clustered = np.zeros(act.shape[:2] + (n_spk,), np.float32)
+    for (c, k), g in zip(items, assigned, strict=True):
+        if g >= 0:
+            clustered[c, :, g] = np.maximum(clustered[c, :, g], act[c, :, k])
+    score, _ = aggregate(offsets, clustered, num)
+    count, _ = aggregate(offsets, act.sum(-1), num)
+    count = np.rint(count).astype(int) * in_speech
+    active = np.zeros((num, n_spk), bool)
+    order = np.argsort(-score, axis=1, kind="stable")
+    for j in np.flatnonzero(count):
+        top = order[j, : count[j]]
+        active[j, top[score[j, top] > 0]] = True
+    return active
+
+
+def _fill_silent_regions(active, speech, num):
+    """Speech regions where no chunk hears a speaker (Silero-only regions) go to the nearest speaker."""
+    centres = frame_centres(np.arange(num))
+    any_active = active.any(1)
+    idx = np.flatnonzero(any_active)
+    for s, e in speech:
+        inside = (centres >= s) & (centres < e)
+        if not inside.any() or any_active[inside].any():
+            continue
+        if idx.size == 0:
+            active[inside, 0] = True
+            continue
+        mid = np.flatnonzero(inside)[len(np.flatnonzero(inside)) // 2]
+        near = idx[np.abs(idx - mid).argmin()]
+        active[inside, int(np.argmax(active[near]))] = True
+    return active
+
+
+def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
+    """Turns cut to the speech regions; an end within one frame of a region edge moves onto the edge
+    (frame edges fall between region edges)."""
+    out = []
+    for t in turns:
+        for s, e in speech:
+            a, b = max(t.start, s), min(t.end, e)
+            if b - a > 1e-6:
+                a = s if a - s < DT else a
+                b = e if e - b < DT else b
+                out.append(Turn(round(a, 3), round(b, 3), t.speaker))
+    return out
+
+
+def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
+            min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
+            threshold: float | None = None) -> list[Turn]:
+    """Who speaks when, within the given speech regions.
+
+    Args:
+        wave: float32 ``[n]`` mono PCM at 16 kHz.
+        speech: speech regions ``(start, end)`` in seconds, sorted and disjoint (``detect_speech``).
+        num_speakers: exact speaker count; min_speakers / max_speakers: bounds on the automatic count.
+        embedder: an object with ``name`` and ``embed(wave, windows[, masks]) -> [n, d]`` (default CAM++);
+            anything but CAM++ uses the window pipeline (``windows.py``).
+        threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
+    Returns:
+        Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
+        appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
+    Raises:
+        ValueError: inconsistent speaker-count hints.
+    """
+    check_hints(num_speakers, min_speakers, max_speakers)
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    duration = wave.size / SAMPLE_RATE
+    speech = [(max(0.0, float(s)), min(duration, float(e))) for s, e in speech]
+    speech = [(s, e) for s, e in speech if e - s >= MIN_REGION_S]
+    if not speech:
+        return []
+    embedder = embedder or default_embedder()
+    try:
+        if embedder.name != "campplus":
+            raise LookupError(embedder.name)
+        offsets, probs = segment_cached(wave)
+    except (FileNotFoundError, LookupError):
+        from engine.diarization.windows import diarize_windows
+
+        return diarize_windows(wave, speech, num_speakers, min_speakers, max_speakers, embedder, threshold)
+    num = grid_size(wave.size, offsets, probs.shape[1])
+    in_speech = _speech_mask(speech, num)
+    frames = offsets[:, None] + np.arange(probs.shape[1])[None, :]
+    valid = (frames >= 0) & (frames < num) & in_speech[np.clip(frames, 0, num - 1)]
+    act = to_multilabel(probs) * valid[..., None]
+
+    items, clean_s, solo_frames, emb = _embed_local_speakers(wave, offsets, act, embedder)
+    if items:
+        cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
+                        num_speakers, min_speakers, max_speakers)
+        assigned = assign_to_centroids(emb, cent, [c for c, _ in items])
+        active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech)
+    else:
+        active = np.zeros((num, 1), bool)
+    active = _fill_silent_regions(active, speech, num)
+    return number_by_appearance(_clip(activity_to_turns(active, frame_edges(num)), speech))
