@@ -34,6 +34,18 @@ WHISPER_LOOP_MIN_SPAN = 48
 """Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
 
 
+WHISPER_TOKENS_PER_S = 10.0
+"""Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
+few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer uses the same factor,
+``shared/docs/moss_td.md`` §4)."""
+
+
+def window_budget(window_s: float) -> int:
+    """Default ``max_new_tokens`` of one Whisper window: ``max(64, ceil(10 * window_s))`` tokens, later
+    clamped by the scheduler to the context left (448 minus the prompt for Whisper)."""
+    return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
+
+
 class EngineError(RuntimeError):
     """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
 
@@ -163,7 +175,6 @@ class Transcriber:
                      on_event: EventFn | None, should_cancel: Callable[[], bool] | None) -> list[Sequence]:
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
         prompt = whisper_prompt(self.tokens, prompt_ids)
-        budget = opts.max_new_tokens or (self.engine.max_context - len(prompt))
         progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
         seqs: list[Sequence] = []
         keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
@@ -171,6 +182,7 @@ class Transcriber:
             chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
             mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
             detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+            budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
             ts0 = self.tokens.timestamp_begin
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).

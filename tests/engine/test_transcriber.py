@@ -100,3 +100,13 @@ def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
     assert r["finish_reason"] == "abort" and r["incomplete"] is True
     e = whisper_engine
     assert e.allocator.num_free == e.allocator.num_slots and e.table.num_free == e.table.max_reqs
+
+
+def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine):
+    from engine import Sequence
+    from engine.transcriber import window_budget
+
+    assert window_budget(1.0) == 64 and window_budget(12.0) == 120 and window_budget(30.0) == 300
+    s = Sequence(prompt_ids=[50257] * 200, max_new_tokens=window_budget(30.0))
+    whisper_engine.scheduler.validate(s)
+    assert s.max_new_tokens == 448 - 200
