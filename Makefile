@@ -1,6 +1,9 @@
 # Quick start: `make demo` (the main job on the embedded default) and `make test` (the test suite).
 # Both create or reuse the virtualenv in $(VENV) and install what they need (CPU torch per constraints-cpu.txt).
 
+SHELL   := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
@@ -11,7 +14,9 @@ STAMP   := $(VENV)/.installed-$(HASH)
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[test,bench]'
+	@echo "installing Python dependencies into $(VENV) (first run: several minutes, CPU torch included)..."
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[test,bench]' 2>&1 \
+	  | { grep -v "^WARNING: Location '.*' is ignored" || true; }
 	@rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
