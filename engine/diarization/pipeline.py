@@ -2,12 +2,13 @@
 overlap-aware reconstruction (the structure of pyannote's speaker-diarization-3.x pipeline, written
 here from its description; models: ``segmentation-3.0`` and CAM++).
 
-1. ``segmentation-3.0`` runs on 10 s chunks every ``segmentation.STEP_S`` seconds; in each chunk it says which of
-   up to 3 *local* speakers talk in each 17 ms frame (at most 2 at once).
+1. ``segmentation-3.0`` runs on 10 s chunks every ``segmentation.STEP_S`` seconds; in each chunk it
+   says which of up to 3 *local* speakers talk in each 17 ms frame (at most 2 at once).
 2. Each local speaker of each chunk that talks long enough gets a CAM++ embedding of the frames where
    it talks alone (all its frames when those are too few).
-3. Embeddings with at least ``TRAIN_CLEAN_S`` seconds of solo speech (pyannote's 20% of a chunk) are
-   clustered (``cluster.cluster_embeddings``: average-linkage AHC, cut at ``THRESHOLD``); then every
+3. Embeddings with at least ``TRAIN_CLEAN_S`` seconds of solo speech are clustered
+   (``cluster.cluster_embeddings``: average-linkage AHC, cut at ``THRESHOLD``, clusters with less than
+   ``MIN_CLUSTER_S`` of solo speech folded into their neighbour); then every
    local speaker is mapped to a global speaker, chunk by chunk, with the constraint that two local
    speakers of one chunk are two different people (``cluster.assign_to_centroids``).
 4. Each frame gets as many speakers as the chunks that see it say talk there (their mean count,
@@ -34,16 +35,19 @@ from engine.diarization.turns import Turn, activity_to_turns, number_by_appearan
 
 __all__ = ["Turn", "diarize"]
 
-THRESHOLD = 0.6
+THRESHOLD = 0.55
 """Cosine-distance cut for CAM++ embeddings (docs/diarization.md: how it was chosen, sensitivity)."""
 MIN_ACTIVE_S = 0.2
 """A local speaker talking less than this in a chunk is ignored (no embedding, no turns)."""
 MIN_CLEAN_S = 0.5
 """Solo speech needed to embed only solo frames; below it all the speaker's frames are used."""
-TRAIN_CLEAN_S = 2.0
-"""Solo speech (seconds within one chunk) an embedding needs to take part in the clustering itself."""
+TRAIN_CLEAN_S = 1.0
+"""Solo speech (seconds within one chunk) an embedding needs to propose a speaker, i.e. to take part in
+the clustering itself (pyannote: 2 s; a CAM++ embedding of 1 s already tells voices apart, and brief
+talkers in meetings rarely talk alone for 2 s)."""
 MIN_CLUSTER_S = 2.0
-"""Clusters with less solo speech than this (seconds, each frame counted once) join their nearest cluster."""
+"""A cluster whose members talk alone for less than this in total (seconds, each frame counted once)
+joins its nearest cluster: one speaker needs 2 s of solo speech to count."""
 MIN_REGION_S = 0.1
 """Speech regions shorter than this are ignored (too short to hold a word)."""
 

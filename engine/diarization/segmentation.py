@@ -130,8 +130,10 @@ def weights_path() -> Path:
 def one_thread():
     """Run torch ops of the calling thread on one intra-op thread, then restore its count.
 
-    torch's thread count is an OpenMP/MKL setting of the calling thread (checked: other threads keep
-    theirs), so this does not slow an engine loop running elsewhere. Small sequential ops (this LSTM's
+    torch's thread count is an OpenMP/MKL setting of the calling thread (tested: a thread that already
+    ran torch keeps its count), so this does not slow an engine loop running elsewhere; only a thread
+    whose very first torch call falls inside this block starts with one thread (torch seeds new threads
+    from the last count set anywhere). Small sequential ops (this LSTM's
     589 steps, CAM++'s thin convolutions) gain nothing from a second thread and stall when the cores are
     busy: the phone-call segmentation took 45 s with two threads on our loaded 2-core machine, 0.33 s
     with one."""
