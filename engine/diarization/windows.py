@@ -66,9 +66,9 @@ def _turns(speech: list[tuple[float, float]], windows: list[tuple[float, float]]
             start, end = (s if a == 0 else s + a * FRAME_S), (e if b == len(t) else s + b * FRAME_S)
             spk = int(lab[a])
             if turns and turns[-1].speaker == spk and start - turns[-1].end < 1e-6:
-                turns[-1].end = end
+                turns[-1].end = round(float(end), 3)
             else:
-                turns.append(Turn(round(start, 3), round(end, 3), spk))
+                turns.append(Turn(round(float(start), 3), round(float(end), 3), spk))
     return number_by_appearance(turns)
 
 

@@ -52,3 +52,29 @@ def test_no_turns_means_one_speaker():
     out = assign_speakers(segs, [])
     assert [o["speaker"] for o in out] == [0, 0] and out[0]["words"][0]["speaker"] == 0
     assert assign_speakers([], TURNS) == []
+
+
+def test_piece_is_trimmed_to_its_speakers_turns():
+    # Whisper's segment starts at the window start (20.0) but the words and the turn start at 22.6
+    seg = {"start": 20.0, "end": 24.0, "text": " On your marks",
+           "words": [_w(" On", 22.5, 22.8), _w(" your", 22.8, 23.1), _w(" marks", 23.1, 24.0)]}
+    out = assign_speakers([seg], [Turn(22.6, 23.8, 0), Turn(26.0, 28.0, 0)])
+    assert [(o["start"], o["end"]) for o in out] == [(22.6, 23.8)]
+    assert out[0]["words"][0]["start"] == 22.6 and out[0]["words"][-1]["end"] == 23.8
+
+
+def test_trim_uses_the_turns_under_the_words_not_the_whole_segment():
+    # a segment from 24.2 whose words start at 26.3: a turn ending at 24.3 must not stretch the piece back
+    seg = {"start": 24.2, "end": 27.4, "text": " a long time",
+           "words": [_w(" a", 26.3, 26.8), _w(" long", 26.8, 27.1), _w(" time", 27.1, 27.4)]}
+    out = assign_speakers([seg], [Turn(23.1, 24.3, 0), Turn(26.6, 27.8, 0)])
+    assert (out[0]["start"], out[0]["end"]) == (26.6, 27.4)
+
+
+def test_overlap_tie_goes_to_the_segments_speaker():
+    # speaker 1 holds 9.9-11.0; speaker 0 starts talking over her at 10.4; her last word falls in the overlap
+    turns = [Turn(8.3, 9.9, 0), Turn(9.9, 11.0, 1), Turn(10.4, 14.7, 0)]
+    seg = {"start": 10.1, "end": 10.9, "text": " neither did I",
+           "words": [_w(" neither", 10.1, 10.4), _w(" did", 10.4, 10.6), _w(" I", 10.6, 10.9)]}
+    out = assign_speakers([seg], turns)
+    assert [o["speaker"] for o in out] == [1]

