@@ -35,7 +35,7 @@ from engine.diarization.turns import Turn, activity_to_turns, number_by_appearan
 
 __all__ = ["Turn", "diarize"]
 
-THRESHOLD = 0.55
+THRESHOLD = 0.6
 """Cosine-distance cut for CAM++ embeddings (docs/diarization.md: how it was chosen, sensitivity)."""
 MIN_ACTIVE_S = 0.2
 """A local speaker talking less than this in a chunk is ignored (no embedding, no turns)."""
