@@ -54,11 +54,16 @@ MIN_REGION_S = 0.1
 DT = FRAME_STEP / SAMPLE_RATE
 
 
-def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
+def _region_frames(speech: list[tuple[float, float]], num: int) -> list[tuple[int, int]]:
+    """``[a, b)`` global frame ranges whose centres fall in each speech region."""
     centres = frame_centres(np.arange(num))
+    return [(int(np.searchsorted(centres, s)), int(np.searchsorted(centres, e))) for s, e in speech]
+
+
+def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
     mask = np.zeros(num, bool)
-    for s, e in speech:
-        mask[(centres >= s) & (centres < e)] = True
+    for a, b in _region_frames(speech, num):
+        mask[a:b] = True
     return mask
 
 
@@ -133,28 +138,27 @@ def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech):
 
 def _fill_silent_regions(active, speech, num):
     """Speech regions where no chunk hears a speaker (Silero-only regions) go to the nearest speaker."""
-    centres = frame_centres(np.arange(num))
-    any_active = active.any(1)
-    idx = np.flatnonzero(any_active)
-    for s, e in speech:
-        inside = (centres >= s) & (centres < e)
-        if not inside.any() or any_active[inside].any():
+    idx = np.flatnonzero(active.any(1))
+    for a, b in _region_frames(speech, num):
+        if b <= a or active[a:b].any():
             continue
         if idx.size == 0:
-            active[inside, 0] = True
+            active[a:b, 0] = True
             continue
-        mid = np.flatnonzero(inside)[len(np.flatnonzero(inside)) // 2]
-        near = idx[np.abs(idx - mid).argmin()]
-        active[inside, int(np.argmax(active[near]))] = True
+        near = idx[np.abs(idx - (a + b) // 2).argmin()]
+        active[a:b, int(np.argmax(active[near]))] = True
     return active
 
 
 def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
-    """Turns cut to the speech regions; an end within one frame of a region edge moves onto the edge
-    (frame edges fall between region edges)."""
+    """Turns cut to the speech regions (sorted, disjoint); an end within one frame of a region edge
+    moves onto the edge (frame edges fall between region edges)."""
+    starts = np.array([s for s, _ in speech])
+    ends = np.array([e for _, e in speech])
     out = []
     for t in turns:
-        for s, e in speech:
+        for i in range(int(np.searchsorted(ends, t.start, "right")), int(np.searchsorted(starts, t.end))):
+            s, e = speech[i]
             a, b = max(t.start, s), min(t.end, e)
             if b - a > 1e-6:
                 a = s if a - s < DT else a
