@@ -25,3 +25,15 @@ def whisper_engine():
     from engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model="whisper", kv_budget_bytes=512 << 20, max_running_requests=24))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Run a test module with one intra-op thread: tiny shapes pay more in thread synchronisation than
+    they gain, badly so on shared cores. Restores the previous count afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

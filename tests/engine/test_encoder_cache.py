@@ -13,12 +13,7 @@ from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.moss_td_pipeline import build_moss_sequence
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny shapes: threads cost more than they give on shared cores
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _noise(seconds: float, seed: int) -> np.ndarray:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
@@ -13,13 +12,7 @@ from engine.repetition import RepetitionGuard
 
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny shapes: intra-op threads cost more in synchronisation than they give, badly so on shared cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,7 @@ from tests.conftest import data_file
 EOS = 151645
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny shapes: intra-op threads cost more in synchronisation than they give, badly so on shared cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

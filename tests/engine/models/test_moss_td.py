@@ -23,13 +23,7 @@ N_BATCH = 60  # long enough that all four batched requests are running at once
 SECONDS = {30: 1, 75: 2, 150: 3, 45: 4}  # audio length -> seed of its test signal
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny shapes: intra-op threads cost more in synchronisation than they give, badly so on shared cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,7 @@ TINY = dict(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidde
             max_position_embeddings=4096, tie_word_embeddings=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny shapes: intra-op threads cost more in synchronisation than they give, badly so on shared cores.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
