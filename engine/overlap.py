@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.request import FinishReason, Sequence
+from engine.request import FinishReason, Sequence, stop_reason
 from engine.scheduler import ScheduledBatch
 
 PLACEHOLDER = -1
@@ -166,13 +166,7 @@ class OverlapLoop:
             seq.output_ids[idx] = tok
             ahead = seq.output_ids[idx + 1 :]
             del seq.output_ids[idx + 1 :]  # the checker sees exactly the tokens so far
-            reason = None
-            if tok in seq.stop_token_ids and not seq.ignore_eos:
-                reason = FinishReason.STOP
-            elif seq.stop_checker is not None:
-                reason = seq.stop_checker(seq)
-            if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
-                reason = FinishReason.LENGTH
+            reason = stop_reason(seq, tok)
             if seq.timings.first_token is None:
                 seq.timings.first_token = now
             seq.emit("token", tok)

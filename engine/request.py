@@ -124,3 +124,17 @@ class Sequence:
     def emit(self, kind: str, payload: Any = None) -> None:
         if self.on_event is not None:
             self.on_event(self, kind, payload)
+
+
+def stop_reason(seq: Sequence, token: int) -> FinishReason | None:
+    """Why ``seq`` ends after ``token`` (already appended to ``output_ids``), or ``None`` to go on.
+
+    Order: EOS (unless ``ignore_eos``), then the sequence's ``stop_checker`` (loop guard), then the budget.
+    """
+    if token in seq.stop_token_ids and not seq.ignore_eos:
+        return FinishReason.STOP
+    if seq.stop_checker is not None:
+        reason = seq.stop_checker(seq)
+        if reason is not None:
+            return reason
+    return FinishReason.LENGTH if len(seq.output_ids) >= seq.max_new_tokens else None

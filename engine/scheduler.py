@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.kv import ReqToTokenTable, SlotAllocator
-from engine.request import FinishReason, RequestRejected, Sequence, Status
+from engine.request import FinishReason, RequestRejected, Sequence, Status, stop_reason
 
 
 @dataclass
@@ -155,13 +155,7 @@ class Scheduler:
             if tok is None:
                 continue
             seq.output_ids.append(tok)
-            reason = None
-            if tok in seq.stop_token_ids and not seq.ignore_eos:
-                reason = FinishReason.STOP
-            elif seq.stop_checker is not None:
-                reason = seq.stop_checker(seq)
-            if reason is None and len(seq.output_ids) >= seq.max_new_tokens:
-                reason = FinishReason.LENGTH
+            reason = stop_reason(seq, tok)
             if reason is not None:
                 self.finish(seq, reason)
                 done.append(seq)
