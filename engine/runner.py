@@ -35,7 +35,7 @@ class ModelRunner:
         prefix, ext, rows, sample = [], [], [], []
         table = self.table.table
         slot_chunks = []
-        embed_parts: list[tuple[int, int, object]] = []
+        embed_parts: list[tuple[int, int, int, object]] = []
         for seq, n in step.items:
             start = seq.num_computed
             ids.extend(seq.token_at(p) for p in range(start, start + n))
@@ -46,7 +46,7 @@ class ModelRunner:
             slot_chunks.append(table[seq.row, start : start + n])
             sample.append(start + n == seq.total_len)
             if "embed_fn" in seq.mm_state and start < seq.prompt_len:
-                embed_parts.append((len(ids) - n, start, seq))
+                embed_parts.append((len(ids) - n, start, min(n, seq.prompt_len - start), seq))
         prefix_t = torch.tensor(prefix, dtype=torch.int64)
         ext_t = torch.tensor(ext, dtype=torch.int64)
         qo = torch.zeros(len(ext) + 1, dtype=torch.int64)
@@ -65,15 +65,14 @@ class ModelRunner:
             logits_indices=(qo[1:] - 1).to(dev, non_blocking=True),
         )
         if embed_parts:
-            self._attach_embeds(batch, step, embed_parts)
+            self._attach_embeds(batch, embed_parts)
         return batch, sample
 
-    def _attach_embeds(self, batch: ForwardBatch, step: ScheduledBatch, parts: list) -> None:
+    def _attach_embeds(self, batch: ForwardBatch, parts: list) -> None:
         """Models with non-token inputs (MOSS-TD audio) give ``mm_state["embed_fn"](start, n)`` ->
         ``(embeds [n, hidden], mask bool [n])`` for prompt positions ``start .. start+n-1``."""
         embeds, mask = None, torch.zeros(batch.num_tokens, dtype=torch.bool, device=self.device)
-        for offset, start, seq in parts:
-            n = min(int(batch.extend_lens[[s for s, _ in step.items].index(seq)]), seq.prompt_len - start)
+        for offset, start, n, seq in parts:
             e, m = seq.mm_state["embed_fn"](start, n)
             if embeds is None:
                 embeds = torch.zeros(batch.num_tokens, e.shape[-1], dtype=e.dtype, device=self.device)
