@@ -22,48 +22,43 @@ class WindowProgress:
     def __init__(self, n: int, on_event: EventFn | None, interval_s: float) -> None:
         self.on_event = on_event
         self.n = n
-        self.next_window = 0
-        self.pending: dict[int, str] = {}
-        self.done: set[int] = set()
+        self.next_window = 0  # the window whose text is streamed live; earlier ones are all done
+        self.held_text: dict[int, str] = {}  # text of later windows, held until their turn
+        self.segments: dict[int, list[dict]] = {}  # finished windows not yet emitted
         self.started = False
         self.lock = threading.Lock()
         self.coalescer = DeltaCoalescer(interval_s)
-        self.cond = threading.Condition(self.lock)
 
     def emit(self, kind: str, payload: dict) -> None:
         if self.on_event is not None:
             self.on_event(kind, payload)
+
+    def _push(self, text: str) -> None:
+        out = self.coalescer.push(text)
+        if out:
+            self.emit("delta", {"text": out})
 
     def text(self, index: int, delta: str) -> None:
         with self.lock:
             if not self.started:
                 self.started = True
                 self.emit("started", {})
-            if index != self.next_window:
-                self.pending[index] = self.pending.get(index, "") + delta
-                return
-            out = self.coalescer.push(delta)
-            if out:
-                self.emit("delta", {"text": out})
+            if index == self.next_window:
+                self._push(delta)
+            else:
+                self.held_text[index] = self.held_text.get(index, "") + delta
 
     def window_done(self, index: int, segments: list[dict]) -> None:
-        with self.cond:
-            self.done.add(index)
-            self.pending.setdefault(index, "")
-            self.pending[index] = segments  # type: ignore[assignment]
-            while self.next_window in self.done:
-                segs = self.pending.pop(self.next_window)
-                for seg in segs:
+        with self.lock:
+            self.segments[index] = segments
+            while self.next_window in self.segments:
+                for seg in self.segments.pop(self.next_window):
                     self.emit("segment", {"start": seg["start"], "end": seg["end"], "text": seg["text"]})
                 self.next_window += 1
-                buffered = self.pending.get(self.next_window)
-                if isinstance(buffered, str) and buffered:
-                    self.pending[self.next_window] = ""
-                    out = self.coalescer.push(buffered)
-                    if out:
-                        self.emit("delta", {"text": out})
+                held = self.held_text.pop(self.next_window, "")
+                if held:
+                    self._push(held)
             if self.next_window >= self.n:
                 rest = self.coalescer.flush()
                 if rest:
                     self.emit("delta", {"text": rest})
-            self.cond.notify_all()
