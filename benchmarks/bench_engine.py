@@ -62,36 +62,7 @@ def make_engine(args) -> Engine:
                        attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
                        max_running_requests=64, chunk_size=args.chunk_size, async_decode=args.async_decode,
                        kv_memory_fraction=args.kv_fraction, seed=0)
-    loaded = None
-    if args.compile_small_ops:
-        from engine.loaders.registry import load_model
-
-        loaded = load_model(cfg)
-        compile_small_ops()
-    return Engine(cfg, loaded=loaded)
-
-
-def compile_small_ops() -> None:
-    """Experiment (this process only): fuse the Qwen3 decoder's elementwise chains with torch.compile
-    (RMSNorm, rotary embedding, SwiGLU), to measure what fused kernels in the model would buy. The
-    matrix products stay cuBLAS calls; the attention stays our Triton kernels."""
-    import torch.nn.functional as F
-
-    import engine.models.qwen3 as q3
-
-    @torch.compile(dynamic=True)
-    def rms(x, w, eps: float):
-        xf = x.float()
-        return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-    @torch.compile(dynamic=True)
-    def swiglu(x, g, u, d):
-        return F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)
-
-    q3.RMSNorm.forward = lambda self, x: rms(x, self.weight, self.eps)
-    q3.Qwen3MLP.forward = lambda self, x: swiglu(x, self.gate_proj.weight, self.up_proj.weight,
-                                                 self.down_proj.weight)
-    q3.apply_rotary = torch.compile(q3.apply_rotary, dynamic=True)
+    return Engine(cfg)
 
 
 _serial = iter(range(1, 1 << 40))
@@ -238,7 +209,6 @@ def main() -> None:
     ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--async-decode", action="store_true", help="EngineConfig.async_decode")
-    ap.add_argument("--compile-small-ops", action="store_true", help="experiment: see compile_small_ops")
     ap.add_argument("--stall-probe", action="store_true", help="decode stall while a 90-min prompt prefills")
     ap.add_argument("--out", default="")
     args = ap.parse_args()

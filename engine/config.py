@@ -26,6 +26,8 @@ class EngineConfig:
         attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA).
         cuda_graph_max_bs: largest decode batch replayed as a CUDA graph (CUDA + ``"triton"`` only;
             0 disables graphs). Buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32.
+        small_batch_gemv: decode steps of at most 4 tokens run the decoder's matrix products through our
+            Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS. Process-wide.
         async_decode: launch each step before the host has read the previous step's tokens
             (:mod:`engine.overlap`; greedy; steps with a logits processor still run synchronously).
         stream_interval_s: coalescing window for streamed text deltas (seconds).
@@ -54,6 +56,7 @@ class EngineConfig:
     attention_backend: str = "torch"
     cuda_graph_max_bs: int = 64
     async_decode: bool = False
+    small_batch_gemv: bool = True
     stream_interval_s: float = 0.05
     threads: int | None = None
     seed: int = 0

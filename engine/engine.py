@@ -17,6 +17,7 @@ from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
 from engine.loaders import LoadedModel, load_model
+from engine.ops import linear as engine_linear
 from engine.request import FinishReason, Sequence
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, Scheduler
@@ -53,6 +54,7 @@ class Engine:
             torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
         self.loaded = loaded or load_model(cfg)
+        engine_linear.GEMV_MAX_ROWS = 4 if cfg.small_batch_gemv else 0
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype

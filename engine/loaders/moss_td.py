@@ -134,6 +134,8 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         else:
             _init_random(model, cfg.seed, float(conf.get("init_std", 0.02)), device)
     model = model.to(dtype=_dtype(cfg.dtype)).eval()
+    if device.type != "meta":
+        model.fuse_projections()  # last: Module.to would split the fused weights again
     tok_file = ASSET_TOKENIZER
     if path is not None and (path / "tokenizer.json").is_file():
         tok_file = path / "tokenizer.json"

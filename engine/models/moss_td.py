@@ -24,6 +24,7 @@ from engine.audio.mel import CHUNK_SAMPLES, log_mel_spectrogram
 from engine.models.moss_td_prompt import window_token_counts
 from engine.models.qwen3 import Qwen3Config, Qwen3Model
 from engine.models.whisper import WhisperConfig, WhisperEncoder
+from engine.ops.linear import linear
 
 AUDIO_TOKEN_ID = 151671
 
@@ -183,7 +184,7 @@ class MossTDForConditionalGeneration(nn.Module):
         """Logits float32 ``[B, vocab]`` at ``batch.logits_indices``; audio embeddings come in through
         ``batch.input_embeds`` / ``batch.embeds_mask``."""
         h = self.model.language_model(batch, attn)
-        return self.lm_head(h[batch.logits_indices]).float()
+        return linear(h[batch.logits_indices], self.lm_head.weight).float()
 
     def kv_layout(self) -> tuple[int, int, int]:
         """(layers, kv heads, head_dim) of the decoder's KV pool (0.91 B: 28, 8, 128 = 112 KiB/token bf16)."""
@@ -197,6 +198,10 @@ class MossTDForConditionalGeneration(nn.Module):
     @property
     def max_context(self) -> int:
         return self.config.text.max_position_embeddings
+
+    def fuse_projections(self) -> None:
+        """Pack the decoder's q/k/v and gate/up weights (:meth:`Qwen3Model.fuse_projections`)."""
+        self.model.language_model.fuse_projections()
 
 
 class _EmbedSource:

@@ -12,10 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, ForwardBatch
+from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
+from engine.ops.linear import linear
+from engine.ops.rotary import RotaryTable, apply_rotary, rotary_cos_sin
+
+__all__ = ["Qwen3Config", "Qwen3ForCausalLM", "Qwen3Model", "apply_rotary", "rotary_cos_sin"]
 
 
 @dataclass
@@ -52,7 +56,8 @@ class Qwen3Config:
 
 
 class RMSNorm(nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in float32 and cast back (as HF Qwen3RMSNorm)."""
+    """Holds the RMSNorm weight ``[dim]`` under HF's name; the math is :func:`engine.ops.rms_norm`
+    (float32 statistics, cast back, times the weight, as HF ``Qwen3RMSNorm``)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -60,32 +65,27 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin float32 ``[T, head_dim]`` for int64 positions ``[T]`` (frequencies repeated twice)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
-                                .float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[T, H, D]`` by cos/sin ``[T, D]`` ("rotate half" layout); returns x's dtype."""
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * c + rotated * s
+def _fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
+    """Concatenate bias-free ``nn.Linear`` weights along the output dim into one tensor and rebind each
+    module's parameter to its row slice (so HF names and ``state_dict`` still work, one copy in memory)."""
+    fused = torch.cat([m.weight.detach() for m in linears], dim=0)
+    off = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight.data = fused[off:off + n]
+        off += n
+    return fused
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, index: int) -> None:
+    def __init__(self, cfg: Qwen3Config, index: int, rope: RotaryTable) -> None:
         super().__init__()
         self.index = index
+        self.rope = rope
+        self.eps = cfg.rms_norm_eps
         self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, self.hq * self.d, bias=False)
         self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
@@ -93,14 +93,19 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.qkv_weight: torch.Tensor | None = None  # [(Hq + 2 Hkv) * D, hidden] once fused
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
-        t = x.shape[0]
-        q = apply_rotary(self.q_norm(self.q_proj(x).view(t, self.hq, self.d)), cos, sin)
-        k = apply_rotary(self.k_norm(self.k_proj(x).view(t, self.hkv, self.d)), cos, sin)
-        v = self.v_proj(x).view(t, self.hkv, self.d)
-        return self.o_proj(attn.forward(self.index, q, k, v).reshape(t, self.hq * self.d))
+    def fuse_projections(self) -> None:
+        self.qkv_weight = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        if self.qkv_weight is not None:
+            qkv = linear(x, self.qkv_weight)
+        else:
+            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        q, k, v = qk_norm_rope(qkv, positions, self.rope, self.q_norm.weight, self.k_norm.weight,
+                               self.hq, self.hkv, self.eps)
+        return linear(attn.forward(self.index, q, k, v).reshape(x.shape[0], self.hq * self.d), self.o_proj.weight)
 
 
 class Qwen3MLP(nn.Module):
@@ -109,23 +114,39 @@ class Qwen3MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
+
+    def fuse_projections(self) -> None:
+        self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_weight is not None:
+            gate_up = linear(x, self.gate_up_weight)
+        else:
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        return linear(silu_and_mul(gate_up), self.down_proj.weight)
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, index: int) -> None:
+    def __init__(self, cfg: Qwen3Config, index: int, rope: RotaryTable) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(cfg, index)
+        self.self_attn = Qwen3Attention(cfg, index, rope)
         self.mlp = Qwen3MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``. The residual stream is added at the next norm (fused add + norm),
+        which rounds exactly as HF's ``x = x + block(norm(x))``."""
+        eps = self.input_layernorm.eps
+        if residual is None:
+            h, residual = rms_norm(x, self.input_layernorm.weight, eps), x
+        else:
+            h, residual = add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        h = self.self_attn(h, positions, attn)
+        h, residual = add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+        return self.mlp(h), residual
 
 
 class Qwen3Model(nn.Module):
@@ -134,9 +155,19 @@ class Qwen3Model(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.config = cfg
+        self.rope = RotaryTable(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, self.rope)
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def fuse_projections(self) -> None:
+        """Pack q/k/v and gate/up weights into one matrix each: one GEMM instead of three or two (decode
+        GEMVs are bandwidth-bound and small ones leave the GPU idle). Call once the model has its final
+        device, dtype and weights: ``Module.to`` would split the shared storage again."""
+        for layer in self.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
     def embed(self, batch: ForwardBatch) -> torch.Tensor:
         """Token embeddings ``[T, hidden]``; ``batch.input_embeds`` replaces them where ``embeds_mask``."""
@@ -147,12 +178,10 @@ class Qwen3Model(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Final hidden states ``[T, hidden]`` of the step's packed tokens (KV written through ``attn``)."""
-        c = self.config
-        cos, sin = rotary_cos_sin(batch.positions, c.head_dim, c.rope_theta)
-        x = self.embed(batch)
+        x, residual = self.embed(batch), None
         for layer in self.layers:
-            x = layer(x, cos, sin, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, batch.positions, attn)
+        return add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -171,7 +200,7 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits float32 ``[B, vocab]`` at ``batch.logits_indices``."""
         h = self.model(batch, attn)
-        return self.lm_head(h[batch.logits_indices]).float()
+        return linear(h[batch.logits_indices], self.lm_head.weight).float()
 
     def kv_layout(self) -> tuple[int, int, int]:
         c = self.config
@@ -183,6 +212,10 @@ class Qwen3ForCausalLM(nn.Module):
     @property
     def max_context(self) -> int:
         return self.config.max_position_embeddings
+
+    def fuse_projections(self) -> None:
+        """See :meth:`Qwen3Model.fuse_projections`."""
+        self.model.fuse_projections()
 
     def prepare(self, seqs: list, cross: object) -> None:
         """Nothing to encode: a text-only model."""

@@ -105,3 +105,21 @@ def test_greedy_tokens_chunked_and_batched_equal_transformers(hf, ours):
         assert seq.output_ids == tokens
         assert len(set(tokens)) > 2
         torch.testing.assert_close(torch.stack(rec), logits, rtol=1e-4, atol=1e-3)
+
+
+def test_fused_projections_keep_names_storage_and_tokens(hf):
+    fused = Qwen3ForCausalLM(Qwen3Config.from_dict({**TINY, "rope_parameters": {"rope_theta": 1e6}})).eval()
+    fused.load_state_dict(hf.state_dict(), strict=True)
+    fused.fuse_projections()
+    attn, mlp = fused.model.layers[1].self_attn, fused.model.layers[1].mlp
+    assert attn.qkv_weight.shape == (4 * 32 + 2 * 2 * 32, 64) and mlp.gate_up_weight.shape == (256, 64)
+    # HF names still address the weights, as views of the one fused matrix
+    assert attn.k_proj.weight.data_ptr() == attn.qkv_weight[4 * 32].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == mlp.gate_up_weight[128].data_ptr()
+    ref_sd = hf.state_dict()
+    for name, t in fused.state_dict().items():
+        assert torch.equal(t, ref_sd[name]), name
+    prompt = torch.randint(0, 151_000, (90,), generator=torch.Generator().manual_seed(3)).tolist()
+    seq = Sequence(prompt_ids=prompt, max_new_tokens=30)
+    _engine(fused, 32).generate([seq])
+    assert seq.output_ids == _hf_greedy(hf, prompt, 30)[0]

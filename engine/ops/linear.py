@@ -1,0 +1,24 @@
+"""Linear layers of the decoder: our Triton GEMV for decode at small batch, cuBLAS otherwise."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Most rows sent to the Triton GEMV; 0 sends everything to cuBLAS. Set by EngineConfig.small_batch_gemv
+# (process-wide: kernels are chosen per call, and every engine in a process shares the GPU).
+GEMV_MAX_ROWS = 4
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` (no bias): ``x`` ``[M, K]``, ``weight`` ``[N, K]`` -> ``[M, N]``, x's dtype.
+
+    CUDA half-precision inputs with ``M <= GEMV_MAX_ROWS`` go to :func:`engine.ops.triton_kernels.gemv`.
+    """
+    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
+        from engine.ops import triton_kernels
+
+        if triton_kernels.gemv_supported(x.shape[0], x.shape[1]) and x.stride(-1) == 1:
+            return triton_kernels.gemv(x, weight)
+    return F.linear(x, weight)

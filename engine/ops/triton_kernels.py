@@ -1,0 +1,207 @@
+"""Triton kernels of :mod:`engine.ops` (CUDA; the tests also run them under ``TRITON_INTERPRET=1``).
+
+Every kernel reproduces its torch reference's rounding: ``_rnd`` rounds a float32 value to the output
+dtype and back, wherever the reference materialises an intermediate in that dtype. One program handles
+one token row (and, for the rotary kernel, one head), so a decode step of ``B`` tokens is ``B`` (or
+``B x heads``) programs of one short launch each.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rnd(x, DT: tl.constexpr):
+    return x.to(DT).to(tl.float32)
+
+
+@triton.jit
+def _rms_norm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    dt = Out.dtype.element_ty
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _rnd(x + r, dt)
+        tl.store(ResOut + row * stride_ro + offs, x.to(dt), mask=mask)
+    var = tl.sum(x * x, axis=0) / n_cols
+    n = _rnd(x * (1.0 / tl.sqrt(var + eps)), dt)
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (n * w).to(dt), mask=mask)
+
+
+def _check_rows(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"expected [T, H] rows with unit stride, got shape {tuple(x.shape)}")
+    if weight.dtype != x.dtype or weight.shape != (x.shape[1],):
+        raise ValueError(f"weight {tuple(weight.shape)} {weight.dtype} does not fit x {tuple(x.shape)} {x.dtype}")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`engine.ops.norm.rms_norm` for ``x`` ``[T, H]``. Raises ValueError on layout/dtype mismatch."""
+    _check_rows(x, weight)
+    out = torch.empty_like(x)
+    if x.shape[0]:
+        _rms_norm_kernel[(x.shape[0],)](x, x, weight, out, out, x.stride(0), x.stride(0), out.stride(0),
+                                        out.stride(0), x.shape[1], eps, HAS_RES=False,
+                                        BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`engine.ops.norm.add_rms_norm`. Raises ValueError on layout/dtype mismatch."""
+    _check_rows(x, weight)
+    _check_rows(residual, weight)
+    out, res_out = torch.empty_like(x), torch.empty_like(x)
+    if x.shape[0]:
+        _rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, res_out, x.stride(0), residual.stride(0),
+                                        out.stride(0), res_out.stride(0), x.shape[1], eps, HAS_RES=True,
+                                        BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out, res_out
+
+
+@triton.jit
+def _silu_mul_kernel(GU, Out, stride_g, stride_o, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    dt = Out.dtype.element_ty
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    g = tl.load(GU + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(GU + row * stride_g + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    a = _rnd(g / (1.0 + tl.exp(-g)), dt)
+    tl.store(Out + row * stride_o + offs, (a * u).to(dt), mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`engine.ops.activation.silu_and_mul` for ``gate_up`` ``[T, 2I]`` with unit last stride."""
+    if gate_up.stride(-1) != 1:
+        raise ValueError("gate_up must have unit stride in its last dim")
+    t, n = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((t, n), dtype=gate_up.dtype, device=gate_up.device)
+    block = min(1024, triton.next_power_of_2(n))
+    if t:
+        _silu_mul_kernel[(t, triton.cdiv(n, block))](gate_up, out, gate_up.stride(0), out.stride(0), n,
+                                                     BLOCK=block)
+    return out
+
+
+@triton.jit
+def _qk_norm_rope_kernel(QKV, Pos, Cos, Sin, QW, KW, Q, K, stride_t, stride_qt, stride_qh, stride_kt,
+                         stride_kh, stride_c, n_q_heads, eps, D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    dt = Q.dtype.element_ty
+    HALF: tl.constexpr = D // 2
+    offs = tl.arange(0, HALF)
+    src = QKV + t * stride_t + h * D  # q heads, then k heads, are contiguous in a qkv row
+    x1 = tl.load(src + offs).to(tl.float32)
+    x2 = tl.load(src + HALF + offs).to(tl.float32)
+    is_q = h < n_q_heads
+    w1 = tl.where(is_q, tl.load(QW + offs), tl.load(KW + offs)).to(tl.float32)
+    w2 = tl.where(is_q, tl.load(QW + HALF + offs), tl.load(KW + HALF + offs)).to(tl.float32)
+    var = (tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D
+    r = 1.0 / tl.sqrt(var + eps)
+    n1 = _rnd(_rnd(x1 * r, dt) * w1, dt)
+    n2 = _rnd(_rnd(x2 * r, dt) * w2, dt)
+    pos = tl.load(Pos + t)
+    c = _rnd(tl.load(Cos + pos * stride_c + offs), dt)
+    s = _rnd(tl.load(Sin + pos * stride_c + offs), dt)
+    o1 = _rnd(n1 * c, dt) - _rnd(n2 * s, dt)
+    o2 = _rnd(n2 * c, dt) + _rnd(n1 * s, dt)
+    qh = tl.minimum(h, n_q_heads - 1)
+    kh = tl.maximum(h - n_q_heads, 0)
+    qdst = Q + t * stride_qt + qh * stride_qh
+    kdst = K + t * stride_kt + kh * stride_kh
+    qm = (offs < HALF) & is_q
+    km = (offs < HALF) & (h >= n_q_heads)
+    tl.store(qdst + offs, o1.to(dt), mask=qm)
+    tl.store(qdst + HALF + offs, o2.to(dt), mask=qm)
+    tl.store(kdst + offs, o1.to(dt), mask=km)
+    tl.store(kdst + HALF + offs, o2.to(dt), mask=km)
+
+
+def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 q_weight: torch.Tensor, k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`engine.ops.rotary.qk_norm_rope` with cos/sin tables float32 ``[P, D/2]``.
+
+    Raises ValueError unless ``qkv`` is ``[T, (Hq + 2 Hkv) * D]`` with unit last stride and D a power of 2.
+    """
+    d = q_weight.shape[0]
+    t = qkv.shape[0]
+    if qkv.dim() != 2 or qkv.shape[1] != (num_q_heads + 2 * num_kv_heads) * d or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_q_heads}+2x{num_kv_heads} heads of {d}")
+    if d & (d - 1) or d < 2:
+        raise ValueError(f"head_dim must be a power of two, got {d}")
+    q = torch.empty((t, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((t, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _qk_norm_rope_kernel[(t, num_q_heads + num_kv_heads)](
+            qkv, positions, cos, sin, q_weight, k_weight, q, k, qkv.stride(0), q.stride(0), q.stride(1),
+            k.stride(0), k.stride(1), cos.stride(0), num_q_heads, eps, D=d)
+    v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(t, num_kv_heads, d)
+    return q, k, v
+
+
+@triton.jit
+def _gemv_kernel(X, W, Out, N, stride_xm, stride_wn, stride_om, M: tl.constexpr, MP: tl.constexpr,
+                 KB: tl.constexpr, CHUNKS: tl.constexpr, BN: tl.constexpr):
+    # K = CHUNKS x KB. The chunk loop is unrolled, so all weight loads of the [BN, K] tile can be in flight
+    # together (a bandwidth-bound product needs that); the few activation rows reuse each chunk.
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KB)
+    rm = tl.arange(0, MP)
+    nmask = rn < N
+    acc = tl.zeros((MP, BN), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        w = tl.load(W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :], mask=nmask[:, None],
+                    other=0.0).to(tl.float32)
+        for m in tl.static_range(M):
+            x = tl.load(X + m * stride_xm + c * KB + rk).to(tl.float32)
+            part = tl.sum(w * x[None, :], axis=1)
+            acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
+    out = Out + rm[:, None] * stride_om + rn[None, :]
+    tl.store(out, acc.to(Out.dtype.element_ty), mask=(rm[:, None] < M) & nmask[None, :])
+
+
+def gemv_block_n(n: int, k: int, num_sms: int = 132) -> int:
+    """Rows of ``W`` per program: a tile of about 8K elements, but at least two programs per SM."""
+    bn = max(1, 8192 // k)
+    bn = 1 << (bn.bit_length() - 1)
+    while bn > 1 and triton.cdiv(n, bn) < 2 * num_sms:
+        bn //= 2
+    return bn
+
+
+def gemv_supported(m: int, k: int) -> bool:
+    """Shapes :func:`gemv` takes: 1-8 rows and K a multiple of 64 (split into power-of-two chunks)."""
+    return 1 <= m <= 8 and k % 64 == 0
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for a few rows: ``x`` ``[M, K]``, ``weight`` ``[N, K]`` (unit last strides, same
+    dtype), float32 accumulation; returns ``[M, N]`` in x's dtype. For decode at batch 1-8, where cuBLAS
+    picks tiles built for large M and leaves much of the HBM bandwidth unused.
+
+    Raises ValueError for shapes outside :func:`gemv_supported` or mismatched layouts/dtypes.
+    """
+    m, k = x.shape
+    n = weight.shape[0]
+    if weight.shape[1] != k or weight.dtype != x.dtype or x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError(f"gemv: x {tuple(x.shape)} {x.dtype} vs weight {tuple(weight.shape)} {weight.dtype}")
+    if not gemv_supported(m, k):
+        raise ValueError(f"gemv: M={m}, K={k} not supported")
+    kb = min(k & -k, 1024)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    bn = gemv_block_n(n, k)
+    _gemv_kernel[(triton.cdiv(n, bn),)](x, weight, out, n, x.stride(0), weight.stride(0), out.stride(0),
+                                        M=m, MP=triton.next_power_of_2(m), KB=kb, CHUNKS=k // kb, BN=bn,
+                                        num_warps=8 if bn * k >= 8192 else 4)
+    return out

@@ -1,0 +1,140 @@
+"""Fused decoder kernels (engine/ops) vs their torch references, and fused weights vs separate ones.
+
+With CUDA the kernels run compiled at decode and prefill shapes; without it they run under the Triton
+interpreter (``TRITON_INTERPRET=1``) at small ragged shapes, which checks the same kernel source. The
+references carry ``transformers``' rounding, so in float32 the kernels must agree to float32 rounding
+and, on the GPU, in bfloat16 to within one bf16 step on a few elements (reduction order differs). The
+interpreter casts to bfloat16 by truncation (numpy has no bf16), not round-to-nearest as the GPU does, so
+there bf16 is held only to a relative error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # read when the kernels are decorated, i.e. when triton_kernels is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+
+from engine.ops import triton_kernels as tk
+from engine.ops.activation import silu_and_mul_reference
+from engine.ops.norm import rms_norm_reference
+from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
+
+if not CUDA:
+    from triton.runtime import interpreter as _interp
+
+    if not isinstance(tk._rms_norm_kernel, _interp.InterpretedFunction):
+        pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+DEV = torch.device("cuda" if CUDA else "cpu")
+DTYPES = [torch.float32, torch.bfloat16]
+ROWS = [1, 3, 16, 37] if CUDA else [1, 3]
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    assert torch.isfinite(out).all()
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    elif not CUDA:
+        rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert rel < 3e-2, rel  # up to six truncations of 2**-8 each
+    else:  # at most one bf16 step apart, and on few elements
+        diff = (out.float() - ref.float()).abs()
+        step = ref.float().abs().clamp_min(1e-2) * 2 ** -7
+        assert bool((diff <= step * 1.01).all()), float((diff / step).max())
+        assert float((diff > 0).float().mean()) < 0.02
+
+
+def _rand(*shape, dtype, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(DEV, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", [1024, 96])
+def test_rms_norm_and_add(dtype, rows, hidden):
+    g = torch.Generator().manual_seed(rows * 7 + hidden)
+    x, r = _rand(rows, hidden, dtype=dtype, gen=g, scale=3.0), _rand(rows, hidden, dtype=dtype, gen=g)
+    w = _rand(hidden, dtype=dtype, gen=g) + 1.0
+    _close(tk.rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), dtype)
+    out, s = tk.add_rms_norm(x, r, w, 1e-6)
+    ref_s = r + x
+    if CUDA or dtype == torch.float32:  # the residual add is exact: one rounding, as the reference
+        torch.testing.assert_close(s, ref_s, rtol=0, atol=0)
+    _close(out, rms_norm_reference(ref_s, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("inter", [3072, 40])
+def test_silu_and_mul(dtype, rows, inter):
+    g = torch.Generator().manual_seed(rows + inter)
+    gu = _rand(rows, 2 * inter, dtype=dtype, gen=g, scale=4.0)
+    _close(tk.silu_and_mul(gu), silu_and_mul_reference(gu), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("heads", [(16, 8, 128), (4, 2, 32)])
+def test_qk_norm_rope(dtype, rows, heads):
+    hq, hkv, d = heads
+    g = torch.Generator().manual_seed(rows * 31 + d)
+    qkv = _rand(rows, (hq + 2 * hkv) * d, dtype=dtype, gen=g, scale=2.0)
+    qw, kw = _rand(d, dtype=dtype, gen=g) + 1.0, _rand(d, dtype=dtype, gen=g) + 1.0
+    pos = torch.randint(0, 131_072, (rows,), generator=g).to(DEV)
+    pos[0] = 0
+    table = RotaryTable(d, 1e6, 131_072)
+    cos, sin = table.get(DEV)
+    q, k, v = tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6)
+    rq, rk, rv = qk_norm_rope_reference(qkv, pos, 1e6, qw, kw, hq, hkv, 1e-6)
+    _close(q, rq, dtype)
+    _close(k, rk, dtype)
+    assert torch.equal(v, rv)
+
+
+def test_rotary_table_equals_direct_angles():
+    from engine.ops.rotary import rotary_cos_sin
+
+    pos = torch.tensor([0, 5, 4095, 78_000, 131_071], device=DEV)
+    cos, sin = RotaryTable(128, 1e6, 131_072).get(DEV)
+    rc, rs = rotary_cos_sin(pos, 128, 1e6)
+    assert torch.equal(cos[pos], rc[:, :64]) and torch.equal(sin[pos], rs[:, :64])
+    assert torch.equal(rc[:, :64], rc[:, 64:])  # the layout the kernel relies on
+
+
+def test_bad_layouts_raise():
+    x = torch.zeros(2, 8, device=DEV)
+    with pytest.raises(ValueError, match="weight"):
+        tk.rms_norm(x, torch.ones(8, dtype=torch.float64, device=DEV), 1e-6)
+    with pytest.raises(ValueError, match="heads"):
+        tk.qk_norm_rope(torch.zeros(2, 10, device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV),
+                        x, x, torch.ones(4, device=DEV), torch.ones(4, device=DEV), 1, 1, 1e-6)
+
+
+GEMV_SHAPES = ([(1, 1024, 4096), (2, 3072, 1024), (4, 2048, 1024), (3, 1024, 151_936), (8, 192, 77)]
+               if CUDA else [(1, 192, 77), (3, 1024, 5), (2, 3072, 9)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", GEMV_SHAPES)
+def test_gemv_matches_float64_product(dtype, shape):
+    m, k, n = shape
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    x, w = _rand(m, k, dtype=dtype, gen=g), _rand(n, k, dtype=dtype, gen=g, scale=0.05)
+    out = tk.gemv(x, w)
+    ref = (x.double() @ w.double().T)
+    assert out.shape == (m, n) and out.dtype == dtype and torch.isfinite(out).all()
+    rel = float((out.double() - ref).norm() / ref.norm())
+    assert rel < (5e-3 if dtype == torch.bfloat16 else 1e-5), rel
+
+
+def test_gemv_block_sizes_keep_the_gpu_busy():
+    assert tk.gemv_block_n(1024, 3072) == 2 and tk.gemv_block_n(4096, 1024) == 8
+    assert tk.gemv_block_n(151_936, 1024) == 8 and tk.gemv_block_n(77, 192) == 1
+    assert tk.gemv_supported(4, 3072) and not tk.gemv_supported(9, 1024) and not tk.gemv_supported(1, 100)
