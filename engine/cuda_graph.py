@@ -4,6 +4,13 @@ A decode step (every item has one new token) of ``B`` sequences replays the grap
 ``>= B``. Rows ``B..bucket-1`` are padding: token 0 at position 0 of ``req_to_token`` row 0 with length 1,
 writing its K/V to the dummy slot 0, so they never touch a live sequence. Greedy sampling (argmax) runs
 inside the graph; the logits stay on the device unless a caller asks for them.
+
+The graphs are captured on a capture stream of their own. PyTorch hands cuBLAS/cuBLASLt a workspace keyed by
+(handle, *current* stream), and under capture that is the capture stream, so its address is baked into every
+graph captured there. ``torch.cuda.graph`` defaults to one process-wide capture stream: the encoder graphs
+(:mod:`engine.encoder_graphs`) captured there too would share the decode graphs' workspace while the two
+replay concurrently (encoder stream vs. main stream), which cuBLAS forbids (one workspace per concurrently
+running stream): split-K partials and reduction state of one GEMM get overwritten by the other's.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class DecodeGraphs:
         self.max_bs = self.buckets[-1]
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.replays = 0
+        self.capture_stream: torch.cuda.Stream | None = None
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         zeros = torch.zeros(bs, dtype=torch.int64)
@@ -68,6 +76,8 @@ class DecodeGraphs:
         self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.logits_indices = torch.arange(self.max_bs, dtype=torch.int64, device=dev)
         self.attn.init_graph_capture(self.max_bs)
+        # Own capture stream (never torch.cuda.graph's shared default): see the module docstring.
+        self.capture_stream = torch.cuda.Stream(dev)
         pool = None
         for bs in reversed(self.buckets):
             self.attn.prepare_for_capture(bs)
@@ -76,7 +86,7 @@ class DecodeGraphs:
                 self.model(batch, self.attn)
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
                 logits = self.model(batch, self.attn)
                 greedy = logits.argmax(dim=-1)
             pool = graph.pool()
