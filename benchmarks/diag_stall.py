@@ -142,8 +142,9 @@ def main() -> None:
         t = time.time()
         if mode == "race":
             res = race(eng, args.iters, graphs.graphs)
-        elif mode == "legacy":
-            res = race(eng, args.iters, _legacy_graphs(eng, (1, 16, 64)))
+        elif mode == "legacy":  # kept alive: a destroyed graph drops its capture stream's cuBLAS workspace
+            legacy = _legacy_graphs(eng, (1, 16, 64))
+            res = race(eng, args.iters, legacy)
         elif mode == "async":
             res = stall(eng)
         else:
