@@ -95,6 +95,49 @@ def bench_elementwise(rows: list[int]) -> list[dict]:
     return out
 
 
+def bench_decode_attention() -> list[dict]:
+    """Stage 1 + 2 of split-KV decode (bf16, 16 q / 8 kv heads of 128) at three batch/context points,
+    over launch variants: splits per row, keys per tile, warps, pipeline stages."""
+    from engine.attention.triton_ops import decode_attention
+
+    out = []
+    for bs, ctx, fills in [(1, 35_000, (32, 64, 128)), (16, 33_000, (3, 8, 16, 32)), (64, 600, (1, 3))]:
+        hq, hkv, d = 16, 8, 128
+        slots = bs * ctx + 1
+        k = torch.randn(slots, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(slots, hkv, d, device="cuda", dtype=torch.bfloat16)
+        table = (torch.arange(bs * ctx, device="cuda", dtype=torch.int32) + 1).view(bs, ctx)
+        rows = torch.arange(bs, device="cuda", dtype=torch.int32)
+        lens = torch.full((bs,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(bs, hq, d, device="cuda", dtype=torch.bfloat16)
+        o = torch.empty_like(q)
+        nbytes = 2 * bs * ctx * hkv * d * 2
+        ref = None
+        for fill in fills:
+            for block_n in (64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3):
+                        po = torch.empty(bs, hq, 128, d, device="cuda", dtype=torch.float32)
+                        pl = torch.empty(bs, hq, 128, device="cuda", dtype=torch.float32)
+
+                        def fn(i, fill=fill, block_n=block_n, warps=warps, stages=stages, po=po, pl=pl):
+                            decode_attention(q, k, v, rows, lens, o, sm_scale=d ** -0.5, table=table,
+                                             fill_splits=fill, max_splits=128, part_o=po, part_lse=pl,
+                                             block_n=block_n, num_warps=warps, num_stages=stages)
+                        try:
+                            us = graph_us(fn, calls=5)
+                        except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported
+                            out.append({"batch": bs, "context": ctx, "fill": fill, "block_n": block_n,
+                                        "warps": warps, "stages": stages, "error": str(e)[:200]})
+                            continue
+                        if ref is None:
+                            ref = o.clone()
+                        err = float((o.float() - ref.float()).norm() / ref.float().norm())
+                        out.append({"batch": bs, "context": ctx, "fill": fill, "block_n": block_n, "warps": warps,
+                                    "stages": stages, "us": us, "tb_s": nbytes / us / 1e6, "rel_diff": err})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="")
@@ -102,13 +145,19 @@ def main() -> None:
     args = ap.parse_args()
     res = {"command": " ".join(sys.argv), "commit": args.commit, "device": torch.cuda.get_device_name(),
            "torch": torch.__version__, "gemv": bench_gemv([1, 2, 4, 8, 16]),
-           "elementwise": bench_elementwise([1, 16, 64])}
+           "elementwise": bench_elementwise([1, 16, 64]), "decode_attention": bench_decode_attention()}
     for g in res["gemv"]:
         t = f"{g['triton_us']:8.1f} ({g['triton_tb_s']:.2f} TB/s)" if g["triton_us"] else "       -"
         print(f"{g['matrix']:8s} M={g['M']:2d}  cuBLAS {g['cublas_us']:8.1f} us ({g['cublas_tb_s']:.2f} TB/s)  "
               f"triton {t}")
     for e in res["elementwise"]:
         print(f"{e['op']:13s} M={e['M']:2d}  fused {e['fused_us']:6.1f} us  torch {e['unfused_torch_us']:6.1f} us")
+    for a in res["decode_attention"]:
+        if "us" in a:
+            print(f"attn bs={a['batch']:2d} ctx={a['context']:5d} fill={a['fill']:3d} bn={a['block_n']:3d} "
+                  f"w={a['warps']} st={a['stages']}  {a['us']:7.1f} us  {a['tb_s']:.2f} TB/s  diff {a['rel_diff']:.1e}")
+        else:
+            print("attn", a)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
 

@@ -109,7 +109,9 @@ class EncoderGraphs:
                     self._fn(x)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            # Own capture stream: cuBLAS keys its workspace by stream, and torch.cuda.graph's shared default
+            # capture stream would give these graphs the decode graphs' workspace while both replay at once.
+            with torch.cuda.graph(graph, pool=pool, stream=side):
                 out = self._fn(x)
             pool = graph.pool()
             self.graphs[k] = (graph, out)

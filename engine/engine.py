@@ -54,7 +54,7 @@ class Engine:
             torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
         self.loaded = loaded or load_model(cfg)
-        engine_linear.GEMV_MAX_ROWS = 4 if cfg.small_batch_gemv else 0
+        engine_linear.GEMV_MAX_ROWS = 1 if cfg.small_batch_gemv else 0
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype

@@ -78,14 +78,23 @@ class AttentionBackend(ABC):
         """Build attention metadata for ``batch`` (called once per step before the layers run)."""
 
     @abstractmethod
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Store the new tokens' K/V in the pool, then attend.
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                kv_stored: bool = False) -> torch.Tensor:
+        """Store the new tokens' K/V in the pool (unless ``kv_stored``), then attend.
 
         Args:
             q: ``[T, num_q_heads, head_dim]``; k, v: ``[T, num_kv_heads, head_dim]`` (GQA when fewer heads).
+            kv_stored: a fused kernel already wrote this step's K/V to :meth:`kv_destination`; k and v
+                may then be None.
         Returns:
             ``[T, num_q_heads, head_dim]`` in q's dtype.
         """
+
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Where a model's fused kernel may write this step's new K/V itself: ``(k_buf, v_buf, slots)``
+        with buffers ``[num_slots, num_kv_heads, head_dim]`` and int64 slots ``[T]``. ``None`` (the
+        default): pass K/V to :meth:`forward`, which stores them."""
+        return None
 
     def cross_forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Encoder-decoder attention of ``q`` (``[T, H, D]``) over the sequence's cross KV (no mask)."""

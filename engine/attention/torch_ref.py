@@ -57,9 +57,11 @@ class TorchReferenceBackend(AttentionBackend):
             self._dec_mask = (torch.arange(smax)[None, :] < seq[:, None]).to(self._dec_slots.device)
             self._dec_tok = batch.qo_indptr[d].to(self._dec_slots.device)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                kv_stored: bool = False) -> torch.Tensor:
         b = self.batch
-        self.kv.store(layer, b.out_cache_loc, k, v)
+        if not kv_stored:
+            self.kv.store(layer, b.out_cache_loc, k, v)
         out = torch.empty_like(q)
         kbuf, vbuf = self.kv.k[layer], self.kv.v[layer]
         for i in self._extend_idx:

@@ -119,9 +119,14 @@ class TritonBackend(AttentionBackend):
         if not m.all_dec:
             out[m.dec_tok] = od
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.kv.k[layer], self.kv.v[layer], self.meta.loc
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+                kv_stored: bool = False) -> torch.Tensor:
         m = self.meta
-        self.kv.store(layer, m.loc, k, v)
+        if not kv_stored:
+            self.kv.store(layer, m.loc, k, v)
         q = q if q.stride(-1) == 1 else q.contiguous()
         out = torch.empty_like(q)
         kb, vb = self.kv.k[layer], self.kv.v[layer]

@@ -68,6 +68,21 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class _Fusable(nn.Module):
+    """A module whose fused weight must follow ``Module.to`` / ``.float()`` / ``.cuda()``: those convert
+    each parameter on its own, which would leave the fused copy behind, so it is rebuilt after them."""
+
+    def _apply(self, fn, recurse: bool = True):
+        fused = getattr(self, "_fused_rows", None) is not None
+        out = super()._apply(fn, recurse)
+        if fused:
+            self.fuse_projections()
+        return out
+
+    def fuse_projections(self) -> None:
+        raise NotImplementedError
+
+
 def _fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
     """Concatenate bias-free ``nn.Linear`` weights along the output dim into one tensor and rebind each
     module's parameter to its row slice (so HF names and ``state_dict`` still work, one copy in memory)."""
@@ -80,7 +95,7 @@ def _fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
     return fused
 
 
-class Qwen3Attention(nn.Module):
+class Qwen3Attention(_Fusable):
     def __init__(self, cfg: Qwen3Config, index: int, rope: RotaryTable) -> None:
         super().__init__()
         self.index = index
@@ -96,19 +111,21 @@ class Qwen3Attention(nn.Module):
         self.qkv_weight: torch.Tensor | None = None  # [(Hq + 2 Hkv) * D, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.qkv_weight = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight = self._fused_rows = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         if self.qkv_weight is not None:
             qkv = linear(x, self.qkv_weight)
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+        dest = attn.kv_destination(self.index)
         q, k, v = qk_norm_rope(qkv, positions, self.rope, self.q_norm.weight, self.k_norm.weight,
-                               self.hq, self.hkv, self.eps)
-        return linear(attn.forward(self.index, q, k, v).reshape(x.shape[0], self.hq * self.d), self.o_proj.weight)
+                               self.hq, self.hkv, self.eps, kv_dest=dest)
+        out = attn.forward(self.index, q, k, v, kv_stored=dest is not None)
+        return linear(out.reshape(x.shape[0], self.hq * self.d), self.o_proj.weight)
 
 
-class Qwen3MLP(nn.Module):
+class Qwen3MLP(_Fusable):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -117,7 +134,7 @@ class Qwen3MLP(nn.Module):
         self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
+        self.gate_up_weight = self._fused_rows = _fuse_rows([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
@@ -164,7 +181,8 @@ class Qwen3Model(nn.Module):
     def fuse_projections(self) -> None:
         """Pack q/k/v and gate/up weights into one matrix each: one GEMM instead of three or two (decode
         GEMVs are bandwidth-bound and small ones leave the GPU idle). Call once the model has its final
-        device, dtype and weights: ``Module.to`` would split the shared storage again."""
+        device and weights (``Module.to`` and friends re-fuse after converting; a later in-place weight load
+        through the HF names writes into the fused matrix, since those parameters are its views)."""
         for layer in self.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()

@@ -63,11 +63,13 @@ def qk_norm_rope_reference(qkv: torch.Tensor, positions: torch.Tensor, theta: fl
 
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable, q_weight: torch.Tensor,
-                 k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """As :func:`qk_norm_rope_reference`; one Triton kernel for CUDA tensors (q and k written contiguous,
-    v a strided view of ``qkv``).
+                 k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int, eps: float,
+                 kv_dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """As :func:`qk_norm_rope_reference`; one Triton kernel for CUDA tensors (q written contiguous).
 
+    ``kv_dest`` = ``(k_buf, v_buf, slots)`` from :meth:`AttentionBackend.kv_destination`: the new K and V
+    are written to those pool buffers at ``slots`` (int64 ``[T]``) and ``(q, None, None)`` is returned.
     Every position must be below ``rope.max_positions``; the kernel does not check (the engine never lets
     a sequence exceed the model's ``max_context``, which is that bound).
     """
@@ -76,6 +78,12 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable, 
 
         cos, sin = rope.get(qkv.device)
         return triton_kernels.qk_norm_rope(qkv, positions, cos, sin, q_weight, k_weight, num_q_heads,
-                                           num_kv_heads, eps)
-    return qk_norm_rope_reference(qkv, positions, rope.theta, q_weight, k_weight, num_q_heads,
-                                  num_kv_heads, eps)
+                                           num_kv_heads, eps, kv_dest)
+    q, k, v = qk_norm_rope_reference(qkv, positions, rope.theta, q_weight, k_weight, num_q_heads,
+                                     num_kv_heads, eps)
+    if kv_dest is None:
+        return q, k, v
+    k_buf, v_buf, slots = kv_dest
+    k_buf[slots] = k.to(k_buf.dtype)
+    v_buf[slots] = v.to(v_buf.dtype)
+    return q, None, None

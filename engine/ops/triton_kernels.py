@@ -93,8 +93,9 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _qk_norm_rope_kernel(QKV, Pos, Cos, Sin, QW, KW, Q, K, stride_t, stride_qt, stride_qh, stride_kt,
-                         stride_kh, stride_c, n_q_heads, eps, D: tl.constexpr):
+def _qk_norm_rope_kernel(QKV, Pos, Cos, Sin, QW, KW, Q, K, KC, VC, Loc, stride_t, stride_qt, stride_qh,
+                         stride_kt, stride_kh, stride_c, stride_kcs, stride_kch, stride_vcs, stride_vch,
+                         n_q_heads, n_kv_heads, eps, D: tl.constexpr, STORE_KV: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     dt = Q.dtype.element_ty
@@ -117,20 +118,34 @@ def _qk_norm_rope_kernel(QKV, Pos, Cos, Sin, QW, KW, Q, K, stride_t, stride_qt, 
     o2 = _rnd(n2 * c, dt) + _rnd(n1 * s, dt)
     qh = tl.minimum(h, n_q_heads - 1)
     kh = tl.maximum(h - n_q_heads, 0)
-    qdst = Q + t * stride_qt + qh * stride_qh
-    kdst = K + t * stride_kt + kh * stride_kh
     qm = (offs < HALF) & is_q
     km = (offs < HALF) & (h >= n_q_heads)
+    qdst = Q + t * stride_qt + qh * stride_qh
     tl.store(qdst + offs, o1.to(dt), mask=qm)
     tl.store(qdst + HALF + offs, o2.to(dt), mask=qm)
-    tl.store(kdst + offs, o1.to(dt), mask=km)
-    tl.store(kdst + HALF + offs, o2.to(dt), mask=km)
+    if STORE_KV:  # k straight into the KV pool; v copied there by the same program
+        slot = tl.load(Loc + t).to(tl.int64)
+        kdst = KC + slot * stride_kcs + kh * stride_kch
+        tl.store(kdst + offs, o1.to(KC.dtype.element_ty), mask=km)
+        tl.store(kdst + HALF + offs, o2.to(KC.dtype.element_ty), mask=km)
+        vsrc = QKV + t * stride_t + (n_q_heads + n_kv_heads + kh) * D
+        vdst = VC + slot * stride_vcs + kh * stride_vch
+        tl.store(vdst + offs, tl.load(vsrc + offs, mask=km, other=0.0).to(VC.dtype.element_ty), mask=km)
+        tl.store(vdst + HALF + offs, tl.load(vsrc + HALF + offs, mask=km, other=0.0).to(VC.dtype.element_ty),
+                 mask=km)
+    else:
+        kdst = K + t * stride_kt + kh * stride_kh
+        tl.store(kdst + offs, o1.to(dt), mask=km)
+        tl.store(kdst + HALF + offs, o2.to(dt), mask=km)
 
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  q_weight: torch.Tensor, k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`engine.ops.rotary.qk_norm_rope` with cos/sin tables float32 ``[P, D/2]``.
+                 eps: float, kv_dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`engine.ops.rotary.qk_norm_rope` with cos/sin tables float32 ``[P, D/2]``. With ``kv_dest``
+    = ``(k_buf, v_buf, slots)`` (pool buffers ``[S, Hkv, D]``, int64 slots ``[T]``) the new K and V go
+    straight to the pool and ``(q, None, None)`` is returned.
 
     Raises ValueError unless ``qkv`` is ``[T, (Hq + 2 Hkv) * D]`` with unit last stride and D a power of 2.
     """
@@ -141,11 +156,19 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     if d & (d - 1) or d < 2:
         raise ValueError(f"head_dim must be a power of two, got {d}")
     q = torch.empty((t, num_q_heads, d), dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty((t, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+    if kv_dest is None:
+        k = torch.empty((t, num_kv_heads, d), dtype=qkv.dtype, device=qkv.device)
+        kc, vc, loc = k, k, positions
+    else:
+        kc, vc, loc = kv_dest
+        k = q  # unused by the kernel when it stores to the pool
     if t:
         _qk_norm_rope_kernel[(t, num_q_heads + num_kv_heads)](
-            qkv, positions, cos, sin, q_weight, k_weight, q, k, qkv.stride(0), q.stride(0), q.stride(1),
-            k.stride(0), k.stride(1), cos.stride(0), num_q_heads, eps, D=d)
+            qkv, positions, cos, sin, q_weight, k_weight, q, k, kc, vc, loc, qkv.stride(0), q.stride(0),
+            q.stride(1), k.stride(0), k.stride(1), cos.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
+            vc.stride(1), num_q_heads, num_kv_heads, eps, D=d, STORE_KV=kv_dest is not None)
+    if kv_dest is not None:
+        return q, None, None
     v = qkv[:, (num_q_heads + num_kv_heads) * d:].view(t, num_kv_heads, d)
     return q, k, v
 

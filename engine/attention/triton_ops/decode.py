@@ -114,6 +114,7 @@ def decode_attention(
     out: torch.Tensor, *, sm_scale: float, table: torch.Tensor | None = None, src_len: int = 0,
     fill_splits: int = 8, max_splits: int = 32, min_split_tokens: int = 256,
     part_o: torch.Tensor | None = None, part_lse: torch.Tensor | None = None, block_n: int = 64,
+    num_warps: int = 4, num_stages: int = 2,
 ) -> torch.Tensor:
     """Attention of one query per sequence over that sequence's first ``seq_lens[b]`` keys (no mask).
 
@@ -128,6 +129,7 @@ def decode_attention(
         max_splits: power of two; sizes the partial buffers and the stage-2 reduction.
         part_o, part_lse: float32 scratch ``[>=B, Hq, max_splits, D]`` and ``[>=B, Hq, max_splits]``
             (static for CUDA graphs); allocated when omitted.
+        block_n, num_warps, num_stages: stage-1 tile (keys per iteration) and launch shape.
     Raises:
         ValueError: inconsistent head counts or ``fill_splits > max_splits``.
     """
@@ -154,7 +156,7 @@ def decode_attention(
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec,
-        num_warps=4, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _decode_stage2[(bsz, hq)](
         part_o, part_lse, seq_lens, out, fill_splits,

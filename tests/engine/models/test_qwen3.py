@@ -123,3 +123,8 @@ def test_fused_projections_keep_names_storage_and_tokens(hf):
     seq = Sequence(prompt_ids=prompt, max_new_tokens=30)
     _engine(fused, 32).generate([seq])
     assert seq.output_ids == _hf_greedy(hf, prompt, 30)[0]
+    # Module.to converts each parameter on its own; the fused matrices are rebuilt from them
+    fused.double()
+    assert attn.qkv_weight.dtype == torch.float64
+    assert attn.v_proj.weight.data_ptr() == attn.qkv_weight[6 * 32].data_ptr()
+    torch.testing.assert_close(attn.qkv_weight[:128].float(), ref_sd["model.layers.1.self_attn.q_proj.weight"])
