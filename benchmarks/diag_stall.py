@@ -57,6 +57,7 @@ def _legacy_graphs(eng: Engine, sizes) -> dict:
     return out
 
 
+@torch.inference_mode()
 def race(eng: Engine, iters: int, decode_graphs: dict) -> dict:
     """Concurrent replays of decode graphs (main stream) and encoder graphs (encoder stream)."""
     eg, es = eng.encoder.graphs, eng.encoder.stream

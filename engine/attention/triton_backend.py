@@ -47,7 +47,7 @@ class TritonBackend(AttentionBackend):
     """
 
     def __init__(self, kv: KVPool, table: ReqToTokenTable, cross: CrossKVPool | None = None,
-                 sm_scale: float | None = None, max_splits: int = 32, min_split_tokens: int = 256,
+                 sm_scale: float | None = None, max_splits: int = 64, min_split_tokens: int = 256,
                  num_sms: int | None = None) -> None:
         super().__init__(kv, table, cross, sm_scale)
         self.device = table.table.device

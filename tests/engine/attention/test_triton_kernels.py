@@ -188,10 +188,12 @@ def test_cross_direct_addressing():
 
 
 def test_fill_splits_heuristic():
-    assert decode_splits_for_fill(1, 8, 32) == 32  # 8 programs per split: use every split
-    assert decode_splits_for_fill(16, 8, 32) == 3
-    assert decode_splits_for_fill(64, 8, 32) == 1
-    assert decode_splits_for_fill(0, 8, 32) == 32
+    assert decode_splits_for_fill(1, 8, 64) == 64  # 8 programs per split: use every split
+    assert decode_splits_for_fill(1, 8, 32) == 32
+    assert decode_splits_for_fill(16, 8, 64) == 5  # ceil(4 x 132 / 128)
+    assert decode_splits_for_fill(64, 8, 64) == 2
+    assert decode_splits_for_fill(0, 8, 64) == 64
+    assert decode_splits_for_fill(16, 8, 64, per_sm=2) == 3
 
 
 # -- backend -----------------------------------------------------------------------------------------

@@ -107,8 +107,9 @@ def test_qk_norm_rope(dtype, rows, heads):
     kc = torch.full((2 * rows + 6, hkv, d), float("nan"), dtype=dtype, device=DEV)
     vc = kc.clone()
     q2, k2, v2 = tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6, kv_dest=(kc, vc, slots))
-    assert k2 is None and v2 is None and torch.equal(q2, q)
-    assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v)
+    assert k2 is None and v2 is None and torch.equal(vc[slots], v)
+    _close(q2, rq, dtype, cancels=True)  # a separately compiled variant: its float order may differ
+    _close(kc[slots], rk, dtype, cancels=True)
     untouched = torch.ones(kc.shape[0], dtype=torch.bool, device=DEV)
     untouched[slots] = False
     assert torch.isnan(kc[untouched]).all() and torch.isnan(vc[untouched]).all()
