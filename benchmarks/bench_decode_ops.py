@@ -75,7 +75,7 @@ def bench_elementwise(rows: list[int]) -> list[dict]:
     out = []
     dt, dev = torch.bfloat16, "cuda"
     rope = RotaryTable(128, 1e6, 131_072)
-    cos, sin = rope.get(torch.device(dev))
+    cos, sin = rope.get(torch.device(dev), dt)
     for m in rows:
         x, r = torch.randn(m, 1024, device=dev, dtype=dt), torch.randn(m, 1024, device=dev, dtype=dt)
         w = torch.randn(1024, device=dev, dtype=dt)

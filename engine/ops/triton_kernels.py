@@ -112,8 +112,8 @@ def _qk_norm_rope_kernel(QKV, Pos, Cos, Sin, QW, KW, Q, K, KC, VC, Loc, stride_t
     n1 = _rnd(_rnd(x1 * r, dt) * w1, dt)
     n2 = _rnd(_rnd(x2 * r, dt) * w2, dt)
     pos = tl.load(Pos + t)
-    c = _rnd(tl.load(Cos + pos * stride_c + offs), dt)
-    s = _rnd(tl.load(Sin + pos * stride_c + offs), dt)
+    c = tl.load(Cos + pos * stride_c + offs).to(tl.float32)  # tables already in the activation dtype
+    s = tl.load(Sin + pos * stride_c + offs).to(tl.float32)
     o1 = _rnd(n1 * c, dt) - _rnd(n2 * s, dt)
     o2 = _rnd(n2 * c, dt) + _rnd(n1 * s, dt)
     qh = tl.minimum(h, n_q_heads - 1)
@@ -143,7 +143,7 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
                  q_weight: torch.Tensor, k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int,
                  eps: float, kv_dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """:func:`engine.ops.rotary.qk_norm_rope` with cos/sin tables float32 ``[P, D/2]``. With ``kv_dest``
+    """:func:`engine.ops.rotary.qk_norm_rope` with cos/sin tables ``[P, D/2]`` in qkv's dtype. With ``kv_dest``
     = ``(k_buf, v_buf, slots)`` (pool buffers ``[S, Hkv, D]``, int64 slots ``[T]``) the new K and V go
     straight to the pool and ``(q, None, None)`` is returned.
 

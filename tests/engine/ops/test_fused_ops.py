@@ -49,7 +49,7 @@ def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, cancels: bo
     elif cancels:
         rel = float((out.float() - ref.float()).norm() / ref.float().norm())
         assert rel < 4e-3, rel  # under one bf16 step (2**-8) of the whole vector
-        assert float((out != ref).float().mean()) < 0.1
+        assert float((out != ref).float().mean()) < 0.02
     else:  # at most one bf16 step apart, and on few elements
         diff = (out.float() - ref.float()).abs()
         step = ref.float().abs().clamp_min(1e-2) * 2 ** -7
@@ -96,7 +96,7 @@ def test_qk_norm_rope(dtype, rows, heads):
     pos = torch.randint(0, 131_072, (rows,), generator=g).to(DEV)
     pos[0] = 0
     table = RotaryTable(d, 1e6, 131_072)
-    cos, sin = table.get(DEV)
+    cos, sin = table.get(DEV, dtype)
     q, k, v = tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6)
     rq, rk, rv = qk_norm_rope_reference(qkv, pos, 1e6, qw, kw, hq, hkv, 1e-6)
     _close(q, rq, dtype, cancels=True)
