@@ -71,6 +71,23 @@ def bench_gemv(rows: list[int]) -> list[dict]:
     return out
 
 
+def sweep_gemv() -> list[dict]:
+    """Triton GEMV tiles at M = 1: rows per program x warps, per matrix shape."""
+    out = []
+    for name, n, k in SHAPES:
+        copies = max(2, min(CALLS, (400 << 20) // (n * k * 2)))
+        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        for bn in (1, 2, 4, 8, 16):
+            for warps in (1, 2, 4, 8):
+                if bn * k > 32_768:
+                    continue
+                us = graph_us(lambda i, x=x, bn=bn, warps=warps: tk.gemv(x, ws[i % copies], bn, warps))
+                out.append({"matrix": name, "N": n, "K": k, "block_n": bn, "warps": warps, "us": us,
+                            "tb_s": n * k * 2 / us / 1e6, "default": bn == tk.gemv_block_n(n, k)})
+    return out
+
+
 def bench_elementwise(rows: list[int]) -> list[dict]:
     out = []
     dt, dev = torch.bfloat16, "cuda"
@@ -142,10 +159,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="")
     ap.add_argument("--commit", default="")
+    ap.add_argument("--only", default="", help="comma list of sections: gemv,sweep,elementwise,attention")
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else {"gemv", "sweep", "elementwise", "attention"}
     res = {"command": " ".join(sys.argv), "commit": args.commit, "device": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "gemv": bench_gemv([1, 2, 4, 8, 16]),
-           "elementwise": bench_elementwise([1, 16, 64]), "decode_attention": bench_decode_attention()}
+           "torch": torch.__version__,
+           "gemv": bench_gemv([1, 2, 4, 8, 16]) if "gemv" in only else [],
+           "gemv_sweep_m1": sweep_gemv() if "sweep" in only else [],
+           "elementwise": bench_elementwise([1, 16, 64]) if "elementwise" in only else [],
+           "decode_attention": bench_decode_attention() if "attention" in only else []}
+    for name, _, _ in SHAPES:
+        rows = sorted((r for r in res["gemv_sweep_m1"] if r["matrix"] == name), key=lambda r: r["us"])
+        if rows:
+            best, dflt = rows[0], min((r for r in rows if r["default"]), key=lambda r: r["us"])
+            print(f"sweep {name:8s} best bn={best['block_n']} w={best['warps']} {best['us']:.1f} us "
+                  f"({best['tb_s']:.2f} TB/s); default bn={dflt['block_n']} best-w {dflt['us']:.1f} us")
     for g in res["gemv"]:
         t = f"{g['triton_us']:8.1f} ({g['triton_tb_s']:.2f} TB/s)" if g["triton_us"] else "       -"
         print(f"{g['matrix']:8s} M={g['M']:2d}  cuBLAS {g['cublas_us']:8.1f} us ({g['cublas_tb_s']:.2f} TB/s)  "

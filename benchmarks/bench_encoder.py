@@ -102,6 +102,15 @@ def encoder_alone(model, counts=(1, 8, 16, 64)) -> dict:
         row["speedup_vs_transformers_eager"] = row["transformers_eager_s"] / row["ours_graph_s"]
         res["by_windows"][k] = row
         print("encoder", k, json.dumps(row), flush=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # where 8 windows spend their time
+        for _ in range(3):
+            enc(model.window_mel(waves[:8]))
+        torch.cuda.synchronize()
+    top = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:14]
+    res["eager_profile_8_windows_us"] = {e.key[:90]: round(e.device_time_total / 3, 1) for e in top}
+    print("encoder profile (8 windows, us):", json.dumps(res["eager_profile_8_windows_us"]), flush=True)
     del hf, graphs
     torch.cuda.empty_cache()
     return res

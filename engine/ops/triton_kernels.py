@@ -208,11 +208,13 @@ def gemv_supported(m: int, k: int) -> bool:
     return 1 <= m <= 8 and k % 64 == 0
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,
+         num_warps: int | None = None) -> torch.Tensor:
     """``x @ weight.T`` for a few rows: ``x`` ``[M, K]``, ``weight`` ``[N, K]`` (unit last strides, same
     dtype), float32 accumulation; returns ``[M, N]`` in x's dtype. For decode at batch 1-8, where cuBLAS
     picks tiles built for large M and leaves much of the HBM bandwidth unused.
 
+    ``block_n`` / ``num_warps`` override the tile choice (:func:`gemv_block_n`; for tuning).
     Raises ValueError for shapes outside :func:`gemv_supported` or mismatched layouts/dtypes.
     """
     m, k = x.shape
@@ -223,8 +225,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"gemv: M={m}, K={k} not supported")
     kb = min(k & -k, 1024)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    bn = gemv_block_n(n, k)
+    bn = block_n or gemv_block_n(n, k)
+    warps = num_warps or (8 if bn * k >= 8192 else 4)
     _gemv_kernel[(triton.cdiv(n, bn),)](x, weight, out, n, x.stride(0), weight.stride(0), out.stride(0),
                                         M=m, MP=triton.next_power_of_2(m), KB=kb, CHUNKS=k // kb, BN=bn,
-                                        num_warps=8 if bn * k >= 8192 else 4)
+                                        num_warps=warps)
     return out
