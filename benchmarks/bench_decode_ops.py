@@ -84,7 +84,7 @@ def sweep_gemv() -> list[dict]:
                     continue
                 us = graph_us(lambda i, x=x, bn=bn, warps=warps: tk.gemv(x, ws[i % copies], bn, warps))
                 out.append({"matrix": name, "N": n, "K": k, "block_n": bn, "warps": warps, "us": us,
-                            "tb_s": n * k * 2 / us / 1e6, "default": bn == tk.gemv_block_n(n, k)})
+                            "tb_s": n * k * 2 / us / 1e6, "default": (bn, warps) == tk.gemv_tile(k)})
     return out
 
 
@@ -171,9 +171,9 @@ def main() -> None:
     for name, _, _ in SHAPES:
         rows = sorted((r for r in res["gemv_sweep_m1"] if r["matrix"] == name), key=lambda r: r["us"])
         if rows:
-            best, dflt = rows[0], min((r for r in rows if r["default"]), key=lambda r: r["us"])
+            best, dflt = rows[0], next(r for r in rows if r["default"])
             print(f"sweep {name:8s} best bn={best['block_n']} w={best['warps']} {best['us']:.1f} us "
-                  f"({best['tb_s']:.2f} TB/s); default bn={dflt['block_n']} best-w {dflt['us']:.1f} us")
+                  f"({best['tb_s']:.2f} TB/s); default bn={dflt['block_n']} w={dflt['warps']} {dflt['us']:.1f} us")
     for g in res["gemv"]:
         t = f"{g['triton_us']:8.1f} ({g['triton_tb_s']:.2f} TB/s)" if g["triton_us"] else "       -"
         print(f"{g['matrix']:8s} M={g['M']:2d}  cuBLAS {g['cublas_us']:8.1f} us ({g['cublas_tb_s']:.2f} TB/s)  "

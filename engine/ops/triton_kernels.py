@@ -194,13 +194,12 @@ def _gemv_kernel(X, W, Out, N, stride_xm, stride_wn, stride_om, M: tl.constexpr,
     tl.store(out, acc.to(Out.dtype.element_ty), mask=(rm[:, None] < M) & nmask[None, :])
 
 
-def gemv_block_n(n: int, k: int, num_sms: int = 132) -> int:
-    """Rows of ``W`` per program: a tile of about 8K elements, but at least two programs per SM."""
-    bn = max(1, 8192 // k)
-    bn = 1 << (bn.bit_length() - 1)
-    while bn > 1 and triton.cdiv(n, bn) < 2 * num_sms:
-        bn //= 2
-    return bn
+def gemv_tile(k: int) -> tuple[int, int]:
+    """(rows of ``W`` per program, warps) for a GEMV over K. Swept on an H200 at M = 1 over 1-16 rows x
+    1-8 warps (benchmarks/bench_decode_ops.py --only sweep): K >= 2048 is fastest with one row and one
+    warp (o_proj 3.3 us, down 3.9 us), K = 1024 with two rows and four warps (qkv 4.1, gate_up 5.1,
+    lm_head 70.3 us = 4.4 TB/s). Many small programs keep the most loads in flight."""
+    return (1, 1) if k >= 2048 else (2, 4)
 
 
 def gemv_supported(m: int, k: int) -> bool:
@@ -214,7 +213,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,
     dtype), float32 accumulation; returns ``[M, N]`` in x's dtype. For decode at batch 1-8, where cuBLAS
     picks tiles built for large M and leaves much of the HBM bandwidth unused.
 
-    ``block_n`` / ``num_warps`` override the tile choice (:func:`gemv_block_n`; for tuning).
+    ``block_n`` / ``num_warps`` override the tile choice (:func:`gemv_tile`; for tuning).
     Raises ValueError for shapes outside :func:`gemv_supported` or mismatched layouts/dtypes.
     """
     m, k = x.shape
@@ -225,8 +224,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,
         raise ValueError(f"gemv: M={m}, K={k} not supported")
     kb = min(k & -k, 1024)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    bn = block_n or gemv_block_n(n, k)
-    warps = num_warps or (8 if bn * k >= 8192 else 4)
+    tile = gemv_tile(k)
+    bn, warps = block_n or tile[0], num_warps or tile[1]
     _gemv_kernel[(triton.cdiv(n, bn),)](x, weight, out, n, x.stride(0), weight.stride(0), out.stride(0),
                                         M=m, MP=triton.next_power_of_2(m), KB=kb, CHUNKS=k // kb, BN=bn,
                                         num_warps=warps)

@@ -23,7 +23,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (it ships
 from engine.ops import triton_kernels as tk
 from engine.ops.activation import silu_and_mul_reference
 from engine.ops.norm import rms_norm_reference
-from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
+from engine.ops.rotary import RotaryTable, apply_rotary, qk_norm_rope_reference
 
 if not CUDA:
     from triton.runtime import interpreter as _interp
@@ -48,8 +48,9 @@ def _close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, cancels: bo
         assert rel < 3e-2, rel  # up to six truncations of 2**-8 each
     elif cancels:
         rel = float((out.float() - ref.float()).norm() / ref.float().norm())
-        assert rel < 4e-3, rel  # under one bf16 step (2**-8) of the whole vector
-        assert float((out != ref).float().mean()) < 0.02
+        # under one bf16 step (2**-8) of the whole vector. Against angles computed afresh (not the
+        # table's rows) 14-21% of elements were one step off on an H200 (2026-11-29), so no count here.
+        assert rel < 4e-3, rel
     else:  # at most one bf16 step apart, and on few elements
         diff = (out.float() - ref.float()).abs()
         step = ref.float().abs().clamp_min(1e-2) * 2 ** -7
@@ -102,6 +103,10 @@ def test_qk_norm_rope(dtype, rows, heads):
     _close(q, rq, dtype, cancels=True)
     _close(k, rk, dtype, cancels=True)
     assert torch.equal(v, rv)
+    # against the same formula fed the kernel's own cos/sin table rows: every rounding step is the same
+    tc, ts = torch.cat((cos[pos], cos[pos]), -1).float(), torch.cat((sin[pos], sin[pos]), -1).float()
+    tq = apply_rotary(rms_norm_reference(qkv[:, :hq * d].reshape(rows, hq, d), qw, 1e-6), tc, ts)
+    _close(q, tq, dtype)
     # the same kernel writing K/V straight into a pool at scattered slots
     slots = torch.randperm(2 * rows + 5, generator=g)[:rows].to(DEV) + 1
     kc = torch.full((2 * rows + 6, hkv, d), float("nan"), dtype=dtype, device=DEV)
@@ -151,7 +156,6 @@ def test_gemv_matches_float64_product(dtype, shape):
     assert rel < (5e-3 if dtype == torch.bfloat16 else 1e-5), rel
 
 
-def test_gemv_block_sizes_keep_the_gpu_busy():
-    assert tk.gemv_block_n(1024, 3072) == 2 and tk.gemv_block_n(4096, 1024) == 8
-    assert tk.gemv_block_n(151_936, 1024) == 8 and tk.gemv_block_n(77, 192) == 1
+def test_gemv_tiles_and_supported_shapes():
+    assert tk.gemv_tile(3072) == (1, 1) and tk.gemv_tile(2048) == (1, 1) and tk.gemv_tile(1024) == (2, 4)
     assert tk.gemv_supported(4, 3072) and not tk.gemv_supported(9, 1024) and not tk.gemv_supported(1, 100)
