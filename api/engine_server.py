@@ -9,7 +9,9 @@ Routes:
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``).
 - ``GET /health``, ``GET /stats`` (engine gauges and counters).
 
-Many requests run at once (one thread each); the engine batches across them.
+Many requests run at once (one thread each); the engine batches across them. A request whose client goes
+away (connection closed, or the handler task cancelled) has its engine sequences aborted, which frees
+their KV at once; its windows not yet submitted never reach the engine.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from api import errors
@@ -34,6 +35,32 @@ from api.metrics import engine_metrics_router
 
 CHUNK = 1 << 20
 _END = object()
+
+
+class CancelOnClose(StreamingResponse):
+    """A streamed response that sets ``cancel`` however it ends: all sent, the client gone, or the task cancelled.
+
+    Under ASGI spec < 2.4 (uvicorn's HTTP) Starlette notices ``http.disconnect`` and cancels the stream; under
+    2.4 the failed send raises instead and leaves the body iterator unclosed, so the event is set here rather
+    than only in the iterator's ``finally``.
+    """
+
+    def __init__(self, content: AsyncIterator[str], cancel: threading.Event, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.cancel = cancel
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.cancel.set()
+
+
+async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
+    """Set ``cancel`` once the client disconnects (ASGI ``http.disconnect``); call after the body is read."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()
 
 
 def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
@@ -52,19 +79,20 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
-    def run(path: Path, opts: Any, on_event: Any) -> dict:
+    def run(path: Path, opts: Any, on_event: Any, cancel: threading.Event) -> dict:
         try:
-            return tr.transcribe(str(path), opts, on_event=on_event)
+            return tr.transcribe(str(path), opts, on_event=on_event, should_cancel=cancel.is_set)
         except (AudioError, RequestRejected) as e:
             raise ApiError(422, e.code, e.message) from None
         except EngineError as e:
             raise ApiError(500, "engine_error", str(e)) from None
 
-    async def stream(path: Path, opts: Any) -> AsyncIterator[dict]:
+    async def stream(path: Path, opts: Any, cancel: threading.Event) -> AsyncIterator[dict]:
         """Run the transcription on its own thread; yield its events as they come, then the result or error.
 
         The events cross to the event loop through an asyncio queue, so a waiting request holds no
-        worker thread (only the transcription itself does).
+        worker thread (only the transcription itself does). Setting ``cancel`` aborts the engine work;
+        leaving this generator early (closed, or cancelled while it waits) sets it.
         """
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
@@ -74,7 +102,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
 
         def work() -> None:
             try:
-                result = run(path, opts, lambda k, p: put({"type": k, **p}))
+                result = run(path, opts, lambda k, p: put({"type": k, **p}), cancel)
                 put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 put({"type": "error", "code": e.code, "message": e.message})
@@ -85,8 +113,11 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
                 path.unlink(missing_ok=True)
 
         threading.Thread(target=work, name="engine-request", daemon=True).start()
-        while (item := await q.get()) is not _END:
-            yield item
+        try:
+            while (item := await q.get()) is not _END:
+                yield item
+        finally:
+            cancel.set()  # a no-op once the work has ended; otherwise nobody reads what it would make
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
     async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
@@ -96,15 +127,20 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
         os.close(fd)
-        async with await anyio.open_file(name, "wb") as out:
-            async for chunk in request.stream():
-                await out.write(chunk)
-        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts))
-        return StreamingResponse(lines, media_type="application/x-ndjson")
+        try:
+            async with await anyio.open_file(name, "wb") as out:
+                async for chunk in request.stream():
+                    await out.write(chunk)
+        except BaseException:  # the client left mid-upload (ClientDisconnect) or the task was cancelled
+            Path(name).unlink(missing_ok=True)
+            raise
+        cancel = threading.Event()
+        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts, cancel))
+        return CancelOnClose(lines, cancel, media_type="application/x-ndjson")
 
     @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")
     async def openai_transcriptions(
-        file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = "whisper",
+        request: Request, file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = "whisper",
         language: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
         response_format: Annotated[str, Form()] = "json", stream_: Annotated[bool, Form(alias="stream")] = False,
     ) -> Response:
@@ -119,9 +155,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
             while chunk := await file.read(CHUNK):
                 await out.write(chunk)
         opts = _options(TranscribeOptions, {"language": language, "prompt": prompt})
+        cancel = threading.Event()
         if stream_:
             async def sse() -> AsyncIterator[str]:
-                async for ev in stream(Path(name), opts):
+                async for ev in stream(Path(name), opts, cancel):
                     if ev["type"] == "delta":
                         yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': ev['text']})}\n\n"
                     elif ev["type"] == "result":
@@ -130,10 +167,15 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
                     elif ev["type"] == "error":
                         yield f"data: {json.dumps({'type': 'error', 'error': ev})}\n\n"
 
-            return StreamingResponse(sse(), media_type="text/event-stream")
+            return CancelOnClose(sse(), cancel, media_type="text/event-stream")
+        # No response is being written while the engine works, so the disconnect is watched for here; the
+        # thread is abandoned on cancellation (its engine work is aborted through ``cancel`` instead).
+        watcher = asyncio.create_task(set_on_disconnect(request, cancel))
         try:
-            result = await run_in_threadpool(run, Path(name), opts, None)
+            result = await anyio.to_thread.run_sync(run, Path(name), opts, None, cancel, abandon_on_cancel=True)
         finally:
+            watcher.cancel()
+            cancel.set()
             Path(name).unlink(missing_ok=True)
         t = Transcript.from_engine(result)
         if response_format == "json":

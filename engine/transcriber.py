@@ -100,8 +100,9 @@ class Transcriber:
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, rtf}.
-        ``should_cancel`` is polled while the engine works; when it returns True the recording's sequences
-        are aborted at once (their KV is freed) and the result has finish_reason ``abort``.
+        ``should_cancel`` is polled before the windows are submitted and while the engine works; once it
+        returns True no further window is submitted, the recording's sequences are aborted at once (their
+        KV is freed), diarization is skipped and the result has finish_reason ``abort``.
 
         Raises:
             AudioError: undecodable input (codes in :class:`engine.audio.AudioError`).
@@ -150,10 +151,12 @@ class Transcriber:
         windows = pack_windows(speech)
         metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
                                    "speech_end_s": max((e for _, e in speech), default=0.0)}
-        if not windows:
+        canceled = should_cancel is not None and should_cancel()
+        if not windows or canceled:  # canceled while decoding or VAD ran: no window reaches the engine
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
-            return self._result(duration, [], FinishReason.STOP.value, metrics, no_speech=True)
+            finish = FinishReason.ABORT if canceled else FinishReason.STOP
+            return self._result(duration, [], finish.value, metrics, no_speech=not canceled)
         seqs = self._run_windows(wave, windows, opts, on_event, should_cancel)
         segments: list[dict] = []
         for w, seq in zip(windows, seqs, strict=True):
@@ -162,7 +165,7 @@ class Transcriber:
         finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
                        if r in reasons), FinishReason.STOP.value)
         t_d = time.perf_counter()
-        if diarize and segments:
+        if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
             segments = self._diarize(wave, speech, segments, opts)
         else:
             for seg in segments:

@@ -102,6 +102,14 @@ def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
     assert e.allocator.num_free == e.allocator.num_slots and e.table.num_free == e.table.max_reqs
 
 
+
+def test_cancel_before_the_windows_are_submitted_sends_nothing_to_the_engine(tr, whisper_engine):
+    steps = whisper_engine.counters["steps"]
+    r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"), should_cancel=lambda: True)
+    assert r["finish_reason"] == "abort" and r["incomplete"] is True and r["segments"] == []
+    assert r["no_speech"] is False and r["metrics"]["windows"] >= 1  # there was speech; it was not decoded
+    assert r["metrics"]["prompt_tokens"] == 0 and whisper_engine.counters["steps"] == steps
+
 def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine):
     from engine import Sequence
     from engine.transcriber import window_budget

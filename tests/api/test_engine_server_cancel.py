@@ -1,0 +1,161 @@
+"""A client that goes away ends its engine work: the real engine server (uvicorn on a loopback port) over the
+session's tiny.en engine, a three-minute recording, and a client that leaves after the first text.
+
+Each test records how many of the recording's windows the engine finished on its own (the ``finished``
+counter; aborted sequences are not counted there): the old server ran every window to the end after the
+client had gone, so that count reached the window count. With the fix the abort comes within a step or two
+of the disconnect, long before the windows of three minutes of speech could all be decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import data_file
+from worker.engine_client import HttpEngineClient, JobFailure
+
+pytestmark = pytest.mark.slow
+
+CLIPS = ("en_2spk_phonecall_pyannote_sample/sample.wav", "en_ami_meeting_dev00_2spk/dev00.wav",
+         "en_ami_meeting_trn07_4spk/trn07.wav", "multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3",
+         "en_ami_meeting_trn05_4spk/trn05.wav")
+IDLE_WAIT_S = 15.0
+"""Bound on the wait for the engine to drop the request; the abort itself lands within a step or two."""
+
+
+@pytest.fixture(scope="module")
+def long_recording(tmp_path_factory) -> tuple[Path, int]:
+    """Distinct clips end to end (distinct, so no window is served from the encoder cache) as 16 kHz
+    16-bit WAV, and the number of windows the server's transcriber will cut it into (same decode, VAD and
+    packing functions)."""
+    from engine.audio import decode_audio
+    from engine.audio.vad import detect_speech
+    from engine.windows import pack_windows
+
+    wave_f32 = np.concatenate([decode_audio(data_file(rel)).mono for rel in CLIPS])
+    path = tmp_path_factory.mktemp("cancel") / "long.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(wave_f32, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    n_windows = len(pack_windows(detect_speech(decode_audio(path).mono)))
+    assert n_windows >= 5  # three minutes of speech; a cut this coarse would not test much
+    return path, n_windows
+
+
+def idle(engine) -> bool:
+    s = engine.stats()
+    return s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["kv_tokens_used"] == 0
+
+
+def wait_idle(engine, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not idle(engine):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture(scope="module")
+def engine_server(whisper_engine):
+    """``(engine, url)``: the engine's loop thread and uvicorn on 127.0.0.1, both for this module only."""
+    import uvicorn
+
+    from api.engine_server import create_engine_app
+
+    whisper_engine.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(create_engine_app(whisper_engine, engine_id="cancel-test"),
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="engine-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the engine server did not start"
+        time.sleep(0.02)
+    yield whisper_engine, url
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+    wait_idle(whisper_engine, 300)  # a failing run leaves work behind; later modules share this engine
+    whisper_engine.shutdown()
+
+
+def start_counts(engine) -> tuple[int, int]:
+    assert wait_idle(engine, 60), f"the engine was busy before the test: {engine.stats()}"
+    return engine.allocator.num_free, engine.counters["finished"]
+
+
+def assert_request_dropped(engine, free0: int, finished0: int, n_windows: int) -> None:
+    assert wait_idle(engine, IDLE_WAIT_S), f"engine still busy {IDLE_WAIT_S} s after the client left: {engine.stats()}"
+    assert engine.allocator.num_free == free0
+    assert engine.counters["finished"] - finished0 < n_windows  # some windows were aborted, not run out
+
+
+def test_disconnect_mid_stream_aborts_the_engine_sequences(engine_server, long_recording):
+    engine, url = engine_server
+    path, n_windows = long_recording
+    free0, finished0 = start_counts(engine)
+    seen = []
+    with httpx.Client(timeout=120) as c, c.stream("POST", f"{url}/internal/transcribe", content=path.read_bytes(),
+                                                  params={"options": json.dumps({"num_speakers": 2})}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line:
+                seen.append(json.loads(line)["type"])
+            if "started" in seen:  # the first text: sequences are admitted and hold KV
+                busy = engine.stats()
+                break
+    # leaving both blocks closed the connection with the stream half read
+    assert seen[0] == "queued" and "result" not in seen
+    assert busy["kv_tokens_used"] > 0 and busy["running_requests"] > 0
+    assert_request_dropped(engine, free0, finished0, n_windows)
+
+
+def test_worker_client_closes_the_stream_when_the_job_is_canceled(engine_server, long_recording):
+    engine, url = engine_server
+    path, n_windows = long_recording
+    free0, finished0 = start_counts(engine)
+
+    class Progress:  # the worker's progress callback sets ``canceled`` when the job row says so
+        canceled = False
+
+        def __call__(self, kind: str, payload: dict) -> None:
+            if kind == "started":
+                self.canceled = True
+
+    with pytest.raises(JobFailure) as e:
+        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=Progress())
+    assert e.value.code == "canceled" and not e.value.retryable
+    assert_request_dropped(engine, free0, finished0, n_windows)
+
+
+def test_disconnect_during_a_synchronous_openai_request_aborts_it(engine_server, long_recording):
+    """No response is written while the synchronous route waits, so only the ASGI disconnect can tell."""
+    engine, url = engine_server
+    path, n_windows = long_recording
+    free0, finished0 = start_counts(engine)
+    req = httpx.Request("POST", f"{url}/v1/audio/transcriptions", data={"model": "whisper"},
+                        files={"file": ("long.wav", path.read_bytes(), "audio/wav")})
+    head = f"POST {req.url.raw_path.decode()} HTTP/1.1\r\nHost: {req.url.netloc.decode()}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in req.headers.items() if k.lower() != "host") + "\r\n"
+    with socket.create_connection((req.url.host, req.url.port)) as s:
+        s.sendall(head.encode() + req.read())
+        deadline = time.monotonic() + 60
+        while engine.stats()["kv_tokens_used"] == 0:  # wait until the request's windows hold KV
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.02)
+    assert_request_dropped(engine, free0, finished0, n_windows)
