@@ -69,6 +69,9 @@ class HttpEngineClient:
 
     The last line is ``{"type": "result", "result": {...}}`` or ``{"type": "error", "code", "message"}``.
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
+    Once ``on_event.canceled`` is true (the worker's progress callback saw the job canceled) the stream is
+    closed at once, which makes the server abort the request's engine sequences, and :class:`JobFailure`
+    ``canceled`` (not retryable) is raised.
     """
 
     def __init__(self, url: str, timeout_s: float = 7200.0) -> None:
@@ -99,6 +102,9 @@ class HttpEngineClient:
                         raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
                     if on_event is not None:
                         on_event(kind, msg)
+                        if getattr(on_event, "canceled", False):
+                            # Leaving the block closes the connection mid-stream: the server's cue to abort.
+                            raise JobFailure("canceled", "the job was canceled; engine request closed")
         except httpx.HTTPError as e:
             raise JobFailure("engine_error", f"engine server unreachable or dropped: {e}", retryable=True) from e
         raise JobFailure("engine_error", "engine stream ended without a result", retryable=True)

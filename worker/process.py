@@ -78,6 +78,8 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
             return Outcome("failed", "audio_missing")
         return Outcome("skipped")
     except JobFailure as e:
+        if progress.canceled:  # the row is already final (canceled); the engine call was given up on purpose
+            return Outcome("skipped")
         if e.retryable and job.attempts < svc.settings.engine_attempts:
             log.warning("job %s attempt %d failed (%s), retrying", job_id, job.attempts, e)
             jobs.requeue(svc, job_id)

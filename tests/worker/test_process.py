@@ -81,3 +81,24 @@ def test_transitions_are_conditional(services, make_job):
 def test_job_failure_carries_code():
     e = JobFailure("too_long", "90 min max", retryable=False)
     assert (e.code, e.message, e.retryable) == ("too_long", "90 min max", False)
+
+
+def test_a_job_canceled_mid_run_is_skipped_not_failed(rt, make_job):
+    """The engine client gives up on a canceled job (HttpEngineClient closes its stream and raises
+    ``canceled``); the attempt ends without touching the canceled row or scheduling a retry."""
+
+    class CancelingEngine:  # the job is canceled while the engine streams; the client then gives up
+        engine_id = "fake"
+
+        def transcribe(self, audio, options, on_event=None):
+            assert jobs.cancel(rt.services, job_id)
+            on_event("segment", {"start": 0.0, "end": 0.5, "text": "hello"})  # the progress write sees it
+            assert on_event.canceled
+            raise JobFailure("canceled", "the job was canceled; engine request closed")
+
+    rt.engine = CancelingEngine()
+    rt.services.store.put_file("jobs/c/audio", io.BytesIO(b"RIFF...."))
+    job_id = make_job(audio_key="jobs/c/audio")
+    assert process_job(rt, job_id).state == "skipped"
+    job = row(rt.services, job_id)
+    assert (job.status, job.error_code, job.attempts) == ("canceled", "canceled", 1)
