@@ -208,7 +208,9 @@ def main() -> None:
     ap.add_argument("--probe-steps", type=int, default=200)
     ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--async-decode", action="store_true", help="EngineConfig.async_decode")
+    ap.add_argument("--async-decode", action="store_true", default=None, help="EngineConfig.async_decode=True "
+                    "(the engine's default on CUDA)")
+    ap.add_argument("--sync-decode", action="store_false", dest="async_decode", help="async_decode=False")
     ap.add_argument("--stall-probe", action="store_true", help="decode stall while a 90-min prompt prefills")
     ap.add_argument("--out", default="")
     args = ap.parse_args()

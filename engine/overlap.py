@@ -1,6 +1,6 @@
 """Async decode (one-step lookahead): step N+1 is launched before the host reads step N's tokens.
 
-Opt-in (``EngineConfig.async_decode``). Each loop iteration: schedule step N+1 from the optimistic state,
+On by default for CUDA (``EngineConfig.async_decode``). Each loop iteration: schedule step N+1 from the optimistic state,
 launch it, then wait for step N's tokens and apply them. Sampled tokens never wait on the host to feed the
 next step: they are written on the device into ``next_tok[row]`` (one int64 per ``req_to_token`` row), and
 the next step's input ids are gathered from there. Until its token arrives, a sequence carries the
