@@ -20,7 +20,9 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     """Run one MOSS-TD sequence over ``wave`` (float32 ``[n]`` 16 kHz) and return the engine result dict.
 
     Text deltas stream through an incremental detokenizer and a 50 ms coalescer; nothing is streamed
-    while the prompt is in (chunked) prefill, since tokens only exist after it.
+    while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
+    checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
+    ``abort``) and polled while it runs (its KV is freed at once).
 
     Raises:
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
@@ -51,12 +53,18 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                 if rest:
                     on_event("delta", {"text": rest})
 
+    duration = len(wave) / 16_000
+    if should_cancel is not None and should_cancel():  # canceled before it started: nothing to submit
+        zeros = dict.fromkeys(("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "vad_s", "diarization_s"),
+                              0.0)
+        return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
+                "coverage": 0.0, "no_speech": False, "repetition": None,
+                "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
     seq.on_event = listener
     engine.submit(seq)
     engine.run_until_done([seq], should_cancel=should_cancel)
     if seq.finish_reason == FinishReason.ERROR:
         raise EngineError(seq.error or "engine step failed")
-    duration = len(wave) / 16_000
     res = moss_result(seq, engine.tokenizer, duration)
     if on_event:
         for seg in res["segments"]:

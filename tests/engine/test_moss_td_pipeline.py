@@ -63,6 +63,16 @@ def test_dummy_model_end_to_end(engine):
     assert engine.allocator.num_free == engine.allocator.num_slots
 
 
+def test_canceled_before_start_submits_nothing(engine, monkeypatch):
+    from engine.moss_transcribe import transcribe_moss
+
+    submitted: list[Sequence] = []
+    monkeypatch.setattr(engine, "submit", submitted.append)
+    res = transcribe_moss(engine, _noise(5), None, None, should_cancel=lambda: True)
+    assert res["finish_reason"] == "abort" and res["segments"] == [] and res["duration"] == 5.0
+    assert submitted == [] and engine.allocator.num_free == engine.allocator.num_slots
+
+
 def test_result_parses_segments_clamps_ends_and_reports_coverage(engine):
     tok = engine.tokenizer
     seq = Sequence(prompt_ids=[1, 2, 3], max_new_tokens=100, stop_checker=RepetitionGuard(10.0))
