@@ -103,7 +103,8 @@ def to_vtt(t: Transcript) -> str:
 
 
 def to_rttm(t: Transcript, file_id: str = "audio") -> str:
-    """NIST RTTM speaker turns, one ``SPEAKER`` line per segment of positive length.
+    """NIST RTTM speaker turns: the diarization's ``turns`` when the transcript has them (they may
+    overlap), else one ``SPEAKER`` line per segment of positive length.
 
     ``file_id`` is the recording name (whitespace replaced by ``_`` since RTTM is
     space-separated). Times are seconds with 3 decimals; unknown speakers are written
@@ -111,7 +112,8 @@ def to_rttm(t: Transcript, file_id: str = "audio") -> str:
     """
     fid = re.sub(r"\s+", "_", file_id.strip()) or "audio"
     lines = []
-    for s in t.segments:
+    spans = t.turns if t.turns is not None else t.segments
+    for s in spans:
         dur = round(s.end, 3) - round(s.start, 3)
         if dur <= 0:
             continue

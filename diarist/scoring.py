@@ -123,11 +123,13 @@ def cp_errors(reference_stm: Any, transcript: Transcript) -> dict[str, Any]:
 
 
 def hypothesis_annotation(transcript: Transcript, uri: str) -> Any:
-    """Speaker turns of the transcript as a pyannote ``Annotation`` (the same turns RTTM export writes)."""
+    """Speaker turns of the transcript as a pyannote ``Annotation``: the same turns RTTM export writes
+    (the diarization's ``turns`` when present, else the segments)."""
     from pyannote.core import Annotation, Segment
 
     ann = Annotation(uri=uri)
-    for i, s in enumerate(transcript.segments):
+    spans = transcript.turns if transcript.turns is not None else transcript.segments
+    for i, s in enumerate(spans):
         if s.end > s.start:
             ann[Segment(s.start, s.end), i] = s.speaker or "unknown"
     return ann

@@ -59,6 +59,15 @@ class Segment(BaseModel):
     channel: int | None = None
 
 
+class SpeakerTurn(BaseModel):
+    """A stretch of time (seconds) in which one speaker talks, from the diarization itself (not from the
+    transcribed text). Turns of two speakers may overlap (overlapped speech)."""
+
+    speaker: str
+    start: float = Field(ge=0, description="seconds")
+    end: float = Field(ge=0, description="seconds")
+
+
 class Transcript(BaseModel):
     """A speaker-attributed, time-stamped transcript of one recording.
 
@@ -69,7 +78,10 @@ class Transcript(BaseModel):
     duration, in [0, 1]; ``None`` for zero-length audio), ``no_speech`` (no speech was
     found), ``incomplete``/``incomplete_reason`` (set when ``finish_reason`` is not
     ``stop``), ``speaker_names`` (label -> original name for labels that came from
-    named sources such as channels; ``None`` otherwise).
+    named sources such as channels; ``None`` otherwise), ``turns`` (who spoke when, from the
+    diarization cascade; ``None`` when the model gives speakers only through its segments, as
+    MOSS-TD does, or for multichannel jobs). RTTM export and DER use the turns when present.
+    ``speakers`` lists the segments' speakers first, then any speaker that has turns but no words.
     """
 
     duration: float = Field(ge=0, description="seconds")
@@ -83,6 +95,7 @@ class Transcript(BaseModel):
     incomplete: bool = False
     incomplete_reason: str | None = None
     speaker_names: dict[str, str] | None = None
+    turns: list[SpeakerTurn] | None = None
 
     @property
     def text(self) -> str:
@@ -102,7 +115,7 @@ class Transcript(BaseModel):
         ``result`` is the dict from ``engine.transcriber`` (all times seconds):
         ``{"duration", "language", "model", "segments": [{"speaker", "start", "end",
         "text", "words"?: [{"word", "start", "end", "speaker"?}], "channel"?}],
-        "finish_reason", "no_speech", ...}``. Speakers may be ints, ``"S03"``-style
+        "finish_reason", "no_speech", "turns"?: [{"speaker", "start", "end"}], ...}``. Speakers may be ints, ``"S03"``-style
         strings, channel labels or ``None``. A segment ``end`` of ``None`` (an
         unterminated MOSS-TD segment) becomes the next segment's start, else the
         duration. Segments whose text is empty after whitespace collapsing are dropped.
@@ -145,6 +158,17 @@ class Transcript(BaseModel):
             segments.append(Segment(id=len(segments), speaker=speaker, start=s["start"], end=s["end"],
                                     text=s["text"], words=words, channel=s["channel"]))
 
+        turns = None
+        if isinstance(result.get("turns"), list):
+            turns = []
+            for tr in sorted((x for x in result["turns"] if isinstance(x, dict)),
+                             key=lambda x: _finite(x.get("start")) or 0.0):
+                start = _clamp(_finite(tr.get("start")), 0.0, duration)
+                end = _clamp(_finite(tr.get("end")), 0.0, duration)
+                speaker = label(tr.get("speaker"))
+                if end > start and speaker is not None:
+                    turns.append(SpeakerTurn(speaker=speaker, start=start, end=end))
+
         finish = result.get("finish_reason") or "stop"
         finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
         if segments and duration > 0:
@@ -159,7 +183,7 @@ class Transcript(BaseModel):
             model=str(result.get("model") or "unknown"),
             speakers=list(labels.values()), segments=segments,
             finish_reason=finish, coverage=coverage, no_speech=no_speech,
-            incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None,
+            incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None, turns=turns,
         )
 
 

@@ -165,14 +165,18 @@ class Transcriber:
         finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
                        if r in reasons), FinishReason.STOP.value)
         t_d = time.perf_counter()
+        turns = None
         if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
-            segments = self._diarize(wave, speech, segments, opts)
+            segments, turns = self._diarize(wave, speech, segments, opts)
         else:
             for seg in segments:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
-        return self._result(duration, segments, finish, metrics, no_speech=not segments)
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments)
+        if turns is not None:
+            result["turns"] = turns
+        return result
 
     def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
                      on_event: EventFn | None, should_cancel: Callable[[], bool] | None) -> list[Sequence]:
@@ -258,12 +262,16 @@ class Transcriber:
         return out
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
-                 opts: TranscribeOptions) -> list[dict]:
+                 opts: TranscribeOptions) -> tuple[list[dict], list[dict]]:
+        """Segments with speakers, and the diarization's own turns ``[{start, end, speaker}]`` (seconds;
+        speakers are the segments' ids; turns of two speakers may overlap). The turns say who spoke when
+        more precisely than segment edges, which follow Whisper's timestamps (docs/diarization.md)."""
         from engine.diarization import assign_speakers, diarize
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
                         max_speakers=opts.max_speakers)
-        return assign_speakers(segments, turns)
+        return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
+                                                  for t in turns]
 
     def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
                       should_cancel: Callable[[], bool] | None) -> dict:

@@ -135,3 +135,24 @@ def test_schema_formats_and_eval_import_without_torch_or_engine():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+def test_rttm_writes_the_diarization_turns_when_present(tmp_path):
+    from pyannote.database.util import load_rttm
+
+    result = {"duration": 10.0, "model": "m", "finish_reason": "stop",
+              "segments": [{"speaker": 1, "start": 0.5, "end": 4.0, "text": "hello there"},
+                           {"speaker": 0, "start": 4.2, "end": 9.0, "text": "hi"}],
+              "turns": [{"speaker": 1, "start": 0.8, "end": 3.9}, {"speaker": 0, "start": 3.5, "end": 8.7},
+                        {"speaker": 2, "start": 9.2, "end": 11.0}, {"speaker": 0, "start": 5.0, "end": 5.0}]}
+    t = Transcript.from_engine(result)
+    # labels follow the segments; a speaker with turns but no words comes last
+    assert t.speakers == ["S01", "S02", "S03"]
+    assert [(x.speaker, x.start, x.end) for x in t.turns] == [("S01", 0.8, 3.9), ("S02", 3.5, 8.7),
+                                                              ("S03", 9.2, 10.0)]
+    path = tmp_path / "t.rttm"
+    path.write_text(to_rttm(t, "rec"))
+    ann = load_rttm(path)["rec"]
+    got = sorted((round(s.start, 3), round(s.end, 3), lab) for s, _, lab in ann.itertracks(yield_label=True))
+    assert got == [(0.8, 3.9, "S01"), (3.5, 8.7, "S02"), (9.2, 10.0, "S03")]  # the overlap is kept
+    assert json.loads(render(t, "json")[0])["turns"][1] == {"speaker": "S02", "start": 3.5, "end": 8.7}
