@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,7 +76,9 @@ def alembic_config(url: str):
 
     if not (MIGRATIONS_DIR / "env.py").is_file():
         raise RuntimeError(f"migrations not found at {MIGRATIONS_DIR}; run from a source checkout")
-    cfg = Config()
+    # alembic's default ``stdout`` is bound when alembic.config is first imported; a stream that was
+    # current then (a test's capture, a closed pipe) may be gone now
+    cfg = Config(stdout=sys.stdout)
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return cfg
