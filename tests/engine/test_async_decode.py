@@ -108,3 +108,25 @@ def test_async_batch_of_one():
     sync.generate([a])
     lookahead.generate([b])
     assert b.output_ids == a.output_ids and len(b.output_ids) == 25
+
+
+def test_whisper_transcripts_async_equal_sync(whisper_engine):
+    """Whisper's steps carry logits processors (timestamp rules), which async decode runs synchronously
+    inside its loop; the transcripts must not change (async decode is the default on CUDA)."""
+    from engine.loaders import LoadedModel
+    from engine.transcriber import TranscribeOptions, Transcriber
+    from tests.conftest import data_file
+
+    loaded = whisper_engine.loaded
+    lookahead = Engine(EngineConfig(model="whisper", kv_budget_bytes=512 << 20, max_running_requests=24,
+                                    async_decode=True),
+                       loaded=LoadedModel(loaded.model, loaded.tokenizer, loaded.info))
+    assert lookahead._overlap is not None
+    opts = TranscribeOptions(diarize=False)
+    for clip in ("en_jfk_inaugural/jfk.flac", "en_2spk_phonecall_pyannote_sample/sample.wav"):
+        a = Transcriber(whisper_engine).transcribe(data_file(clip), opts)
+        b = Transcriber(lookahead).transcribe(data_file(clip), opts)
+        assert [(s["start"], s["end"], s["text"]) for s in b["segments"]] == \
+            [(s["start"], s["end"], s["text"]) for s in a["segments"]]
+        assert len(a["segments"]) >= 1 and b["finish_reason"] == a["finish_reason"]
+    assert lookahead.allocator.num_free == lookahead.allocator.num_slots
