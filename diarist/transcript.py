@@ -18,10 +18,11 @@ worker processes import it.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "repetition", "abort", "error"]
 
@@ -34,6 +35,8 @@ _CJK_CHAR = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u
 
 class Word(BaseModel):
     """One word with its time span (seconds) and, after assignment, its speaker label."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     word: str
     start: float = Field(ge=0, description="seconds")
@@ -50,6 +53,8 @@ class Segment(BaseModel):
     word timestamps were computed.
     """
 
+    model_config = ConfigDict(allow_inf_nan=False)
+
     id: int
     speaker: str | None
     start: float = Field(ge=0, description="seconds")
@@ -62,6 +67,8 @@ class Segment(BaseModel):
 class SpeakerTurn(BaseModel):
     """A stretch of time (seconds) in which one speaker talks, from the diarization itself (not from the
     transcribed text). Turns of two speakers may overlap (overlapped speech)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     speaker: str
     start: float = Field(ge=0, description="seconds")
@@ -83,6 +90,8 @@ class Transcript(BaseModel):
     MOSS-TD does, or for multichannel jobs). RTTM export and DER use the turns when present.
     ``speakers`` lists the segments' speakers first, then any speaker that has turns but no words.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     duration: float = Field(ge=0, description="seconds")
     language: str | None = None
@@ -119,6 +128,8 @@ class Transcript(BaseModel):
         strings, channel labels or ``None``. A segment ``end`` of ``None`` (an
         unterminated MOSS-TD segment) becomes the next segment's start, else the
         duration. Segments whose text is empty after whitespace collapsing are dropped.
+        Turns are clamped to ``[0, duration]``; a turn without a finite ``start`` and ``end``, of zero length
+        after clamping, or without a speaker is dropped; ``turns`` that is not a list gives ``None``.
 
         Raises ``ValueError`` when ``duration`` is missing/negative/not finite or
         ``finish_reason`` is unknown (pydantic ``ValidationError`` is a ValueError).
@@ -163,8 +174,10 @@ class Transcript(BaseModel):
             turns = []
             for tr in sorted((x for x in result["turns"] if isinstance(x, dict)),
                              key=lambda x: _finite(x.get("start")) or 0.0):
-                start = _clamp(_finite(tr.get("start")), 0.0, duration)
-                end = _clamp(_finite(tr.get("end")), 0.0, duration)
+                start, end = _finite(tr.get("start")), _finite(tr.get("end"))
+                if start is None or end is None:  # a turn without its times says nothing about when
+                    continue
+                start, end = _clamp(start, 0.0, duration), _clamp(end, 0.0, duration)
                 speaker = label(tr.get("speaker"))
                 if end > start and speaker is not None:
                     turns.append(SpeakerTurn(speaker=speaker, start=start, end=end))
@@ -198,7 +211,7 @@ _REASONS = {
 def _finite(value: Any) -> float | None:
     try:
         f = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float range
         return None
     return f if math.isfinite(f) else None
 
@@ -209,8 +222,8 @@ def _speaker_key(value: Any) -> Any:
         return None
     if isinstance(value, bool):  # bool is an int subclass; not a speaker id
         return ("str", str(value))
-    if isinstance(value, int):
-        return ("int", value)
+    if isinstance(value, numbers.Integral):  # numpy integers are the same ids as Python ints
+        return ("int", int(value))
     return ("str", str(value).strip())
 
 

@@ -156,3 +156,46 @@ def test_rttm_writes_the_diarization_turns_when_present(tmp_path):
     got = sorted((round(s.start, 3), round(s.end, 3), lab) for s, _, lab in ann.itertracks(yield_label=True))
     assert got == [(0.8, 3.9, "S01"), (3.5, 8.7, "S02"), (9.2, 10.0, "S03")]  # the overlap is kept
     assert json.loads(render(t, "json")[0])["turns"][1] == {"speaker": "S02", "start": 3.5, "end": 8.7}
+
+
+def test_json_stored_before_turns_existed_loads_and_renders_every_format(t, tmp_path):
+    from pyannote.database.util import load_rttm
+
+    old = json.loads(render(t, "json")[0])
+    del old["turns"]
+    loaded = Transcript.model_validate_json(json.dumps(old))
+    assert loaded.turns is None
+    for fmt in SUPPORTED_FORMATS:
+        assert render(loaded, fmt)[0] == render(t, fmt)[0]  # the golden result has no turns either
+    path = tmp_path / "old.rttm"
+    path.write_text(to_rttm(loaded, "old"))
+    got = sorted((round(s.start, 3), lab) for s, _, lab in load_rttm(path)["old"].itertracks(yield_label=True))
+    assert got == sorted((round(s.start, 3), s.speaker or "unknown") for s in t.segments if s.end > s.start)
+
+
+_ODD = (None, True, 1.5, -3, "7", "SPEAKER_01", " ", "a b", 10**400, float("nan"), float("inf"), -float("inf"))
+
+
+def test_odd_engine_turns_give_valid_rttm_lines():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    value = st.one_of(st.sampled_from(_ODD), st.integers(-2, 4), st.floats(-5, 25, allow_nan=False))
+    turn = st.one_of(st.fixed_dictionaries({}, optional={"speaker": value, "start": value, "end": value}),
+                     st.sampled_from([1, "x", None, [0.0, 1.0, 0]]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(turn, max_size=8), st.sampled_from([0.0, 0.5, 20.0]))
+    def check(turns, duration):
+        tr = Transcript.from_engine({"duration": duration, "model": "m", "turns": turns,
+                                     "segments": [{"speaker": 0, "start": 0.0, "end": 0.4, "text": "hi"}]})
+        assert all(0 <= x.start < x.end <= duration for x in tr.turns)
+        assert {x.speaker for x in tr.turns} <= set(tr.speakers)
+        for fmt in SUPPORTED_FORMATS:
+            render(tr, fmt)
+        for line in to_rttm(tr, "rec").splitlines():
+            f = line.split(" ")
+            assert len(f) == 10 and f[0] == "SPEAKER" and f[7].startswith("S")
+            assert 0 <= float(f[3]) and 0 < float(f[4]) and float(f[3]) + float(f[4]) <= duration + 1e-3
+
+    check()

@@ -144,3 +144,49 @@ def test_text_joins_cjk_segments_without_space():
     t = Transcript.from_engine(result([seg(0, 0.0, 1.0, "好的。"), seg(1, 1.0, 2.0, "我们开始"),
                                        seg(0, 2.0, 3.0, "OK then"), seg(1, 3.0, 4.0, "再见")]))
     assert t.text == "好的。我们开始 OK then 再见"
+
+
+_MISSING = object()
+
+
+@pytest.mark.parametrize("start,end", [(None, 5.0), (float("nan"), 5.0), (float("-inf"), 5.0), ("abc", 5.0),
+                                       (_MISSING, 5.0), (2.0, None), (2.0, float("inf")), (_MISSING, _MISSING)])
+def test_turn_without_a_valid_time_is_dropped_not_stretched_to_the_recording_edge(start, end):
+    turn = {"speaker": 0, **{k: v for k, v in (("start", start), ("end", end)) if v is not _MISSING}}
+    t = Transcript.from_engine(result([seg(0, 1.0, 6.0)], turns=[turn, {"speaker": 0, "start": 7.0, "end": 8.0}]))
+    assert [(x.start, x.end) for x in t.turns] == [(7.0, 8.0)]
+
+
+def test_numpy_integer_speakers_share_labels_with_int_speakers():
+    np = pytest.importorskip("numpy")
+    t = Transcript.from_engine(result([seg(0, 1.0, 2.0), seg(1, 3.0, 4.0)],
+                                      turns=[{"speaker": np.int64(1), "start": 3.0, "end": 4.0},
+                                             {"speaker": np.int32(0), "start": 1.0, "end": 2.0}]))
+    assert t.speakers == ["S01", "S02"]
+    assert [(x.speaker, x.start) for x in t.turns] == [("S01", 1.0), ("S02", 3.0)]
+
+
+@pytest.mark.parametrize("where", ["duration", "segment", "turn"])
+def test_times_too_large_for_a_float_are_a_value_error_or_dropped(where):
+    huge = 10**400  # float(huge) raises OverflowError, not ValueError
+    r = result([seg(0, 1.0, 2.0)], turns=[{"speaker": 0, "start": 1.0, "end": 2.0}])
+    if where == "duration":
+        r["duration"] = huge
+        with pytest.raises(ValueError, match="duration"):
+            Transcript.from_engine(r)
+        return
+    if where == "segment":
+        r["segments"].append(seg(1, 3.0, huge))
+    else:
+        r["turns"].append({"speaker": 0, "start": huge, "end": 3.0})
+    t = Transcript.from_engine(r)
+    assert all(0 <= s.start <= s.end <= t.duration for s in t.segments)
+    assert [(x.start, x.end) for x in t.turns] == [(1.0, 2.0)]
+
+
+@pytest.mark.parametrize("field", ["segments", "turns"])
+def test_stored_json_with_non_finite_times_is_refused(field):
+    span = '{"speaker": "S01", "start": 1.0, "end": Infinity' + (', "id": 0, "text": "hi"}' if field == "segments"
+                                                                  else "}")
+    with pytest.raises(ValueError):
+        Transcript.model_validate_json(f'{{"duration": 10.0, "model": "m", "{field}": [{span}]}}')
