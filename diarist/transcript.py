@@ -181,6 +181,8 @@ class Transcript(BaseModel):
                 speaker = label(tr.get("speaker"))
                 if end > start and speaker is not None:
                     turns.append(SpeakerTurn(speaker=speaker, start=start, end=end))
+            if not turns and segments:  # no usable turn: the segments are the better account of who spoke
+                turns = None
 
         finish = result.get("finish_reason") or "stop"
         finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums

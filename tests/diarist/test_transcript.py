@@ -190,3 +190,15 @@ def test_stored_json_with_non_finite_times_is_refused(field):
                                                                   else "}")
     with pytest.raises(ValueError):
         Transcript.model_validate_json(f'{{"duration": 10.0, "model": "m", "{field}": [{span}]}}')
+
+
+def test_no_usable_turn_falls_back_to_segments():
+    result = {"duration": 5.0, "model": "m", "finish_reason": "stop",
+              "segments": [{"speaker": 0, "start": 0.5, "end": 2.0, "text": "hi"}],
+              "turns": [{"speaker": 0, "start": None, "end": 1.0}, {"speaker": 0, "start": 3.0, "end": 3.0}]}
+    t = Transcript.from_engine(result)
+    assert t.turns is None  # an empty list would make the RTTM say nobody spoke
+    from diarist.formats import to_rttm
+
+    assert to_rttm(t).split()[3:5] == ["0.500", "1.500"]
+    assert Transcript.from_engine({**result, "segments": []}).turns == []
