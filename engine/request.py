@@ -77,7 +77,9 @@ class Sequence:
         stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
         on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
         row: ``req_to_token`` row while running; ``num_computed``: tokens whose KV is cached;
-        ``num_allocated``: KV slots held (== positions mapped in the row).
+        ``num_allocated``: KV slots held (== positions mapped in the row); ``kv_slots``: the same slots as
+        host int64 tensors in allocation order, so releasing them never reads the device table (a
+        device-to-host copy there would wait for every step in flight).
     """
 
     prompt_ids: list[int]
@@ -97,6 +99,7 @@ class Sequence:
     row: int | None = None
     num_computed: int = 0
     num_allocated: int = 0
+    kv_slots: list[Any] = field(default_factory=list)
     reserved: int = 0
     mm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)

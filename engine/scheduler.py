@@ -114,6 +114,7 @@ class Scheduler:
             if start + n > seq.num_allocated:
                 slots = self.allocator.alloc(start + n - seq.num_allocated)
                 self.table.write(seq.row, seq.num_allocated, slots)
+                seq.kv_slots.append(slots)
                 seq.num_allocated = start + n
         return batch
 
@@ -135,11 +136,11 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         if seq.row is not None:
             if seq.num_allocated:
-                slots = self.table.table[seq.row, : seq.num_allocated].to("cpu", torch.int64)
-                self.allocator.free(slots)
+                self.allocator.free(torch.cat(seq.kv_slots))
             self.table.free(seq.row)
             seq.row = None
             seq.num_allocated = 0
+            seq.kv_slots = []
 
     def commit(self, batch: ScheduledBatch, next_tokens: list[int | None]) -> list[Sequence]:
         """Advance sequences after a forward: mark computed tokens, append sampled tokens, apply stops.

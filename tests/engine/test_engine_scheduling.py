@@ -122,6 +122,8 @@ def _drive_random(engine: Engine, rng: random.Random, n_requests: int) -> None:
         engine.scheduler.chunk_size = rng.choice([1, 3, 16, 64, 4096])
         engine.step()
         live = [s for s in live if not s.finished]
+        for s in engine.scheduler.running:  # the host copy of a row's slots is what release will free
+            assert torch.equal(torch.cat(s.kv_slots), engine.table.table[s.row, : s.num_allocated].long())
     engine.scheduler.chunk_size = 4096
 
 
@@ -134,6 +136,8 @@ def test_thousand_random_requests_with_aborts_leak_no_kv(tiny):
     rng = random.Random(1234)
     _drive_random(tiny, rng, 1000)
     assert tiny.allocator.num_free == tiny.allocator.num_slots
+    free = tiny.allocator._free[: tiny.allocator.num_free].tolist()
+    assert len(set(free)) == len(free) and 0 not in free  # no slot freed twice, the dummy slot never
     assert tiny.table.num_free == tiny.table.max_reqs
     assert not tiny.scheduler.running and not tiny.scheduler.waiting
 
