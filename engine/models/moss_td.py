@@ -176,7 +176,8 @@ class MossTDForConditionalGeneration(nn.Module):
         if int(is_audio.sum()) != emb.shape[0]:
             raise ValueError(
                 f"prompt has {int(is_audio.sum())} <|audio_pad|> tokens, audio gives {emb.shape[0]}")
-        index = torch.where(is_audio, torch.cumsum(is_audio, 0) - 1, -1).to(emb.device)
+        # non_blocking: a blocking host-to-device copy would wait for the decode step in flight
+        index = torch.where(is_audio, torch.cumsum(is_audio, 0) - 1, -1).to(emb.device, non_blocking=True)
         seq.mm_state["embed_fn"] = _EmbedSource(seq, emb, index)
 
     @torch.inference_mode()
