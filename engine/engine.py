@@ -66,7 +66,8 @@ class Engine:
         if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
             self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
         self._overlap = None
-        if cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda":
+        use_async = cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda"
+        if use_async:
             from engine.overlap import OverlapLoop
 
             self._overlap = OverlapLoop(self)

@@ -30,6 +30,13 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     """
     from engine.transcriber import EngineError
 
+    duration = len(wave) / 16_000
+    if should_cancel is not None and should_cancel():  # canceled before it started: build and submit nothing
+        zeros = dict.fromkeys(("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "vad_s", "diarization_s"),
+                              0.0)
+        return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
+                "coverage": 0.0, "no_speech": False, "repetition": None,
+                "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
     seq = build_moss_sequence(engine, wave, getattr(options, "max_new_tokens", None), getattr(options, "prompt", None))
     detok = IncrementalDetokenizer(engine.tokenizer.decode, keep=lambda t: t not in seq.stop_token_ids)
     coalescer = DeltaCoalescer(engine.config.stream_interval_s)
@@ -53,13 +60,6 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                 if rest:
                     on_event("delta", {"text": rest})
 
-    duration = len(wave) / 16_000
-    if should_cancel is not None and should_cancel():  # canceled before it started: nothing to submit
-        zeros = dict.fromkeys(("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "vad_s", "diarization_s"),
-                              0.0)
-        return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
-                "coverage": 0.0, "no_speech": False, "repetition": None,
-                "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
     seq.on_event = listener
     engine.submit(seq)
     engine.run_until_done([seq], should_cancel=should_cancel)

@@ -69,11 +69,14 @@ class RMSNorm(nn.Module):
 
 
 class _Fusable(nn.Module):
-    """A module whose fused weight must follow ``Module.to`` / ``.float()`` / ``.cuda()``: those convert
-    each parameter on its own, which would leave the fused copy behind, so it is rebuilt after them."""
+    """A module whose fused weight (attribute ``_fused_name``) must follow ``Module.to`` / ``.float()`` /
+    ``.cuda()``: those convert each parameter on its own, which would leave the fused copy behind, so it
+    is rebuilt after them."""
+
+    _fused_name: str
 
     def _apply(self, fn, recurse: bool = True):
-        fused = getattr(self, "_fused_rows", None) is not None
+        fused = getattr(self, self._fused_name, None) is not None
         out = super()._apply(fn, recurse)
         if fused:
             self.fuse_projections()
@@ -96,6 +99,8 @@ def _fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
 
 
 class Qwen3Attention(_Fusable):
+    _fused_name = "qkv_weight"
+
     def __init__(self, cfg: Qwen3Config, index: int, rope: RotaryTable) -> None:
         super().__init__()
         self.index = index
@@ -111,7 +116,7 @@ class Qwen3Attention(_Fusable):
         self.qkv_weight: torch.Tensor | None = None  # [(Hq + 2 Hkv) * D, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.qkv_weight = self._fused_rows = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         if self.qkv_weight is not None:
@@ -126,6 +131,8 @@ class Qwen3Attention(_Fusable):
 
 
 class Qwen3MLP(_Fusable):
+    _fused_name = "gate_up_weight"
+
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -134,7 +141,7 @@ class Qwen3MLP(_Fusable):
         self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.gate_up_weight = self._fused_rows = _fuse_rows([self.gate_proj, self.up_proj])
+        self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.ops._kernels import kernels
+
 
 def silu_and_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[T, 2I]`` = ``[gate | up]``; returns ``[T, I]``, same dtype."""
@@ -24,7 +26,5 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.shape[-1] % 2:
         raise ValueError(f"gate_up's last dim must be even, got {gate_up.shape[-1]}")
     if gate_up.is_cuda and gate_up.dim() == 2:
-        from engine.ops import triton_kernels
-
-        return triton_kernels.silu_and_mul(gate_up)
+        return kernels().silu_and_mul(gate_up)
     return silu_and_mul_reference(gate_up)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.ops._kernels import kernels
+
 # Most rows sent to the Triton GEMV; 0 sends everything to cuBLAS. Set by EngineConfig.small_batch_gemv
 # (process-wide: kernels are chosen per call, and every engine in a process shares the GPU).
 GEMV_MAX_ROWS = 1
@@ -20,10 +22,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     CUDA half-precision inputs with ``M <= GEMV_MAX_ROWS`` go to :func:`engine.ops.triton_kernels.gemv`.
     """
-    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype):
-        from engine.ops import triton_kernels
-
-        if triton_kernels.gemv_supported(x.shape[0], x.shape[1]) and x.stride(-1) == 1:
-            return triton_kernels.gemv(x, weight)
+    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS and x.stride(-1) == 1
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and kernels().gemv_supported(x.shape[0], x.shape[1])):
+        return kernels().gemv(x, weight)
     return F.linear(x, weight)

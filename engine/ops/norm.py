@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.ops._kernels import kernels
+
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``weight * (x / sqrt(mean(x^2) + eps))`` over the last dim; ``x`` ``[..., H]``, ``weight`` ``[H]``
@@ -24,9 +26,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     Raises ValueError (CUDA path) if ``weight``'s dtype differs from ``x``'s or the row is not contiguous.
     """
     if x.is_cuda and x.dim() == 2:
-        from engine.ops import triton_kernels
-
-        return triton_kernels.rms_norm(x, weight, eps)
+        return kernels().rms_norm(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 
@@ -38,8 +38,6 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     Returns: ``(normed [T, H], s [T, H])``; ``s`` is the next residual. Neither input is modified.
     """
     if x.is_cuda and x.dim() == 2:
-        from engine.ops import triton_kernels
-
-        return triton_kernels.add_rms_norm(x, residual, weight, eps)
+        return kernels().add_rms_norm(x, residual, weight, eps)
     s = residual + x
     return rms_norm_reference(s, weight, eps), s

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.ops._kernels import kernels
 from engine.ops.norm import rms_norm_reference
 
 
@@ -77,10 +78,8 @@ def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable, 
     a sequence exceed the model's ``max_context``, which is that bound).
     """
     if qkv.is_cuda:
-        from engine.ops import triton_kernels
-
         cos, sin = rope.get(qkv.device, qkv.dtype)
-        return triton_kernels.qk_norm_rope(qkv, positions, cos, sin, q_weight, k_weight, num_q_heads,
+        return kernels().qk_norm_rope(qkv, positions, cos, sin, q_weight, k_weight, num_q_heads,
                                            num_kv_heads, eps, kv_dest)
     q, k, v = qk_norm_rope_reference(qkv, positions, rope.theta, q_weight, k_weight, num_q_heads,
                                      num_kv_heads, eps)
