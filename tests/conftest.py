@@ -19,6 +19,36 @@ def data_file(rel: str) -> Path:
     return p
 
 
+def decode_and_align(engine, rel: str, max_new_tokens: int):
+    """One greedy tiny.en window (timestamp rules) over the shared clip ``rel`` and its aligned words.
+
+    Returns ``(wave float32 [n], seq, words, tokens, frames)``: the 16 kHz mono wave, the finished
+    ``Sequence`` (its encoder output kept), ``align_words``'s words, the ``WhisperTokens`` and the number of
+    10 ms mel frames that hold audio.
+    """
+    import math
+
+    import torch
+
+    from engine import Sequence
+    from engine.audio import decode_audio, log_mel_spectrogram
+    from engine.models.whisper_align import align_words
+    from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+
+    wave = decode_audio(data_file(rel)).mono
+    info = engine.loaded.info["config"]
+    tt = WhisperTokens.from_vocab(engine.model.config.vocab_size)
+    prompt = whisper_prompt(tt)
+    seq = Sequence(prompt_ids=prompt, max_new_tokens=max_new_tokens, stop_token_ids=(tt.eot,),
+                   mm_inputs={"mel": log_mel_spectrogram(torch.from_numpy(wave))[0], "keep_encoder": True},
+                   logits_processor=WhisperTimestampRules(tt, info["suppress_ids"], info["suppress_ids_begin"]))
+    engine.generate([seq])
+    frames = math.ceil(len(wave) / 160)
+    words = align_words(engine.model, engine.tokenizer, seq.mm_state["encoder"], prompt, seq.output_ids,
+                        info["alignment_heads"], frames)
+    return wave, seq, words, tt, frames
+
+
 @pytest.fixture(scope="session")
 def whisper_engine():
     """The bundled tiny.en on CPU, loaded once per session (inline stepping, no loop thread)."""

@@ -10,27 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Sequence
-from engine.audio import decode_audio, log_mel_spectrogram
 from engine.models.whisper_align import _median_filter, align_words, dtw_path
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
-from tests.conftest import data_file
+from engine.models.whisper_decoding import split_segments
+from tests.conftest import decode_and_align
 
 
 @pytest.fixture(scope="module")
 def jfk(whisper_engine):
-    eng = whisper_engine
-    wave = decode_audio(data_file("en_jfk_inaugural/jfk.flac")).mono
-    info = eng.loaded.info["config"]
-    tt = WhisperTokens.from_vocab(eng.model.config.vocab_size)
-    prompt = whisper_prompt(tt)
-    seq = Sequence(prompt_ids=prompt, max_new_tokens=200, stop_token_ids=(tt.eot,),
-                   mm_inputs={"mel": log_mel_spectrogram(torch.from_numpy(wave))[0], "keep_encoder": True},
-                   logits_processor=WhisperTimestampRules(tt, info["suppress_ids"], info["suppress_ids_begin"]))
-    eng.generate([seq])
-    frames = math.ceil(len(wave) / 160)
-    words = align_words(eng.model, eng.tokenizer, seq.mm_state["encoder"], prompt, seq.output_ids,
-                        info["alignment_heads"], frames)
+    wave, seq, words, tt, _ = decode_and_align(whisper_engine, "en_jfk_inaugural/jfk.flac", 200)
     return wave, seq, words, tt
 
 

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-import math
-
-import torch
-
-from engine import Sequence
-from engine.audio import decode_audio, log_mel_spectrogram
 from engine.audio.vad import detect_speech
 from engine.diarization import assign_speakers, diarize
-from engine.models.whisper_align import align_words
-from engine.models.whisper_decoding import (
-    WhisperTimestampRules,
-    WhisperTokens,
-    split_segments,
-    whisper_prompt,
-)
-from tests.conftest import data_file
+from engine.models.whisper_decoding import split_segments
+from tests.conftest import data_file, decode_and_align
 
 
 def test_demo_recording_speakers_follow_the_reference(whisper_engine):
     eng = whisper_engine
-    wave = decode_audio(data_file("en_2spk_phonecall_pyannote_sample/sample.wav")).mono
-    info = eng.loaded.info["config"]
-    tt = WhisperTokens.from_vocab(eng.model.config.vocab_size)
-    prompt = whisper_prompt(tt)
-    seq = Sequence(prompt_ids=prompt, max_new_tokens=440, stop_token_ids=(tt.eot,),
-                   mm_inputs={"mel": log_mel_spectrogram(torch.from_numpy(wave))[0], "keep_encoder": True},
-                   logits_processor=WhisperTimestampRules(tt, info["suppress_ids"], info["suppress_ids_begin"]))
-    eng.generate([seq])
-    frames = math.ceil(len(wave) / 160)
-    words = align_words(eng.model, eng.tokenizer, seq.mm_state["encoder"], prompt, seq.output_ids,
-                        info["alignment_heads"], frames)
+    wave, seq, words, tt, frames = decode_and_align(eng, "en_2spk_phonecall_pyannote_sample/sample.wav", 440)
     segments = [{"start": s.start, "end": s.end, "text": eng.tokenizer.decode(s.token_ids),
                  "words": [w for w in words if w["segment"] == i]}
                 for i, s in enumerate(split_segments(tt, seq.output_ids, frames / 100))]
@@ -50,7 +28,7 @@ def test_demo_recording_speakers_follow_the_reference(whisper_engine):
 
 def test_whisper_result_carries_the_diarization_turns(whisper_engine):
     from diarist.transcript import Transcript
-    from engine.transcriber import Transcriber, TranscribeOptions
+    from engine.transcriber import TranscribeOptions, Transcriber
 
     result = Transcriber(whisper_engine).transcribe(
         data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), TranscribeOptions(diarize=True))
