@@ -127,15 +127,21 @@ class OverlapLoop:
             if last >= seq.prompt_len and seq.token_at(last) == PLACEHOLDER:
                 fix_at.append(int(fb.qo_indptr[i + 1]) - 1)
                 fix_rows.append(seq.row)
-        if fix_at:  # tokens sampled by the step still in flight
-            fb.input_ids[self._to_dev(fix_at)] = self.next_tok[self._to_dev(fix_rows)]
-        logits = e.runner.forward(fb)
+        if fix_at:  # tokens sampled by the step still in flight (one copy for both index lists)
+            idx = self._to_dev(fix_at + fix_rows)
+            fb.input_ids[idx[: len(fix_at)]] = self.next_tok[idx[len(fix_at) :]]
+        logits, greedy = e.runner.forward_greedy(fb)
         want = [i for i, s in enumerate(sample) if s]
         host, event = self.host[self.flip][: len(want)], None
         self.flip ^= 1
         if want:
-            greedy = logits.argmax(dim=-1)[self._to_dev(want)]
-            self.next_tok[self._to_dev([batch.items[i][0].row for i in want])] = greedy
+            rows = [batch.items[i][0].row for i in want]
+            if len(want) == len(sample):
+                dst = self._to_dev(rows)
+            else:
+                idx = self._to_dev(want + rows)
+                greedy, dst = greedy[idx[: len(want)]], idx[len(want) :]
+            self.next_tok[dst] = greedy
             host.copy_(greedy, non_blocking=self.cuda)
             if self.cuda:
                 event = torch.cuda.Event()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -77,9 +78,10 @@ class Sequence:
         stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
         on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
         row: ``req_to_token`` row while running; ``num_computed``: tokens whose KV is cached;
-        ``num_allocated``: KV slots held (== positions mapped in the row); ``kv_slots``: the same slots as
-        host int64 tensors in allocation order, so releasing them never reads the device table (a
-        device-to-host copy there would wait for every step in flight).
+        ``num_allocated``: KV slots held (== positions mapped in the row: the whole reservation, allocated
+        at admission); ``kv_slots``: the same slots, host int64 ``[num_allocated]`` (numpy), so packing a
+        step and releasing the sequence never read the device table (a device-to-host copy there would
+        wait for every step in flight).
     """
 
     prompt_ids: list[int]
@@ -99,7 +101,7 @@ class Sequence:
     row: int | None = None
     num_computed: int = 0
     num_allocated: int = 0
-    kv_slots: list[Any] = field(default_factory=list)
+    kv_slots: np.ndarray | None = None
     reserved: int = 0
     mm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
