@@ -1,4 +1,5 @@
-"""Fused decoder operators: one kernel where the reference runs a chain of small ones.
+"""Fused operators of the decoders and the audio encoder: one kernel where the reference runs a chain of
+small ones.
 
 Each operator has a torch reference with the exact rounding of the ``transformers`` modules it replaces
 (used on the CPU and as the test oracle) and a Triton kernel used for CUDA tensors. The kernels are
@@ -7,7 +8,7 @@ under ``TRITON_INTERPRET=1``.
 """
 
 from engine.ops.activation import silu_and_mul
-from engine.ops.norm import add_rms_norm, rms_norm
+from engine.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from engine.ops.rotary import qk_norm_rope
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "rms_norm", "silu_and_mul"]
+__all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "qk_norm_rope", "rms_norm", "silu_and_mul"]

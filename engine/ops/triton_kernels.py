@@ -75,6 +75,57 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 @triton.jit
+def _layer_norm_kernel(X, R, W, B, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
+                       HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    dt = Out.dtype.element_ty
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _rnd(x + r, dt)
+        tl.store(ResOut + row * stride_ro + offs, x.to(dt), mask=mask)
+    mean = tl.sum(x, axis=0) / n_cols
+    xc = tl.where(mask, x - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)  # biased variance, as nn.LayerNorm
+    w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + row * stride_o + offs, (xc * rstd * w + b).to(dt), mask=mask)
+
+
+def _launch_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                       bias: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    _check_rows(x, weight)
+    _check_rows(x, bias)
+    if residual is not None:
+        _check_rows(residual, weight)
+        if residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    res_out = torch.empty_like(out) if residual is not None else None
+    if x.shape[0]:
+        r, ro = (residual, res_out) if residual is not None else (x, out)
+        _layer_norm_kernel[(x.shape[0],)](x, r, weight, bias, out, ro, x.stride(0), r.stride(0), out.stride(0),
+                                          ro.stride(0), x.shape[1], eps, HAS_RES=residual is not None,
+                                          BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out, res_out
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """:func:`engine.ops.norm.layer_norm` for ``x`` ``[T, H]``. Raises ValueError on layout/dtype mismatch."""
+    return _launch_layer_norm(x, None, weight, bias, eps)[0]
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`engine.ops.norm.add_layer_norm` for ``[T, H]`` rows: ``(normed, residual + x)``. Raises
+    ValueError on layout/dtype/shape mismatch."""
+    out, s = _launch_layer_norm(x, residual, weight, bias, eps)
+    return out, s
+
+
+@triton.jit
 def _silu_mul_kernel(GU, Out, stride_g, stride_o, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     dt = Out.dtype.element_ty

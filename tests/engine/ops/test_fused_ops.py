@@ -22,7 +22,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed (it ships
 
 from engine.ops import triton_kernels as tk
 from engine.ops.activation import silu_and_mul_reference
-from engine.ops.norm import rms_norm_reference
+from engine.ops.norm import layer_norm_reference, rms_norm_reference
 from engine.ops.rotary import RotaryTable, apply_rotary, qk_norm_rope_reference
 
 if not CUDA:
@@ -75,6 +75,41 @@ def test_rms_norm_and_add(dtype, rows, hidden):
     if CUDA or dtype == torch.float32:  # the residual add is exact: one rounding, as the reference
         torch.testing.assert_close(s, ref_s, rtol=0, atol=0)
     _close(out, rms_norm_reference(ref_s, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("hidden", [1024, 384, 96])
+def test_layer_norm_and_add(dtype, rows, hidden):
+    """Whisper's encoder widths (medium 1024, tiny 384) and a ragged one; the rows carry an offset so
+    the mean matters, and the residual add is checked bit for bit."""
+    g = torch.Generator().manual_seed(rows * 11 + hidden)
+    x = _rand(rows, hidden, dtype=dtype, gen=g, scale=3.0) + 2.0
+    r = _rand(rows, hidden, dtype=dtype, gen=g)
+    w, b = _rand(hidden, dtype=dtype, gen=g) + 1.0, _rand(hidden, dtype=dtype, gen=g)
+    _close(tk.layer_norm(x, w, b, 1e-5), layer_norm_reference(x, w, b, 1e-5), dtype)
+    out, s = tk.add_layer_norm(x, r, w, b, 1e-5)
+    ref_s = r + x
+    torch.testing.assert_close(s, ref_s, rtol=0, atol=0)
+    _close(out, layer_norm_reference(ref_s, w, b, 1e-5), dtype)
+    # rows of a wider buffer (a strided [T, H] view) read through their row stride
+    wide = torch.cat((x, x), dim=1)[:, :hidden]
+    _close(tk.layer_norm(wide, w, b, 1e-5), layer_norm_reference(x, w, b, 1e-5), dtype)
+
+
+def test_layer_norm_dispatch_keeps_shape():
+    """The op entry points: ``[B, S, H]`` in, same shape out, on CUDA through the kernel, elsewhere
+    through the reference (which is ``F.layer_norm`` itself)."""
+    from engine.ops import add_layer_norm, layer_norm
+
+    g = torch.Generator().manual_seed(5)
+    x, r = _rand(2, 3, 64, dtype=torch.float32, gen=g), _rand(2, 3, 64, dtype=torch.float32, gen=g)
+    w, b = _rand(64, dtype=torch.float32, gen=g), _rand(64, dtype=torch.float32, gen=g)
+    out, s = add_layer_norm(x, r, w, b, 1e-5)
+    assert out.shape == s.shape == (2, 3, 64) and torch.equal(s, r + x)
+    torch.testing.assert_close(out, torch.nn.functional.layer_norm(r + x, (64,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer_norm(x, w, b, 1e-5), torch.nn.functional.layer_norm(x, (64,), w, b, 1e-5),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,6 +169,10 @@ def test_bad_layouts_raise():
     x = torch.zeros(2, 8, device=DEV)
     with pytest.raises(ValueError, match="weight"):
         tk.rms_norm(x, torch.ones(8, dtype=torch.float64, device=DEV), 1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        tk.add_layer_norm(x, x, torch.ones(8, device=DEV), torch.ones(7, device=DEV), 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        tk.add_layer_norm(x, torch.zeros(3, 8, device=DEV), torch.ones(8, device=DEV), torch.ones(8, device=DEV), 1e-5)
     with pytest.raises(ValueError, match="heads"):
         tk.qk_norm_rope(torch.zeros(2, 10, device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV),
                         x, x, torch.ones(4, device=DEV), torch.ones(4, device=DEV), 1, 1, 1e-6)
