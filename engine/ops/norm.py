@@ -46,7 +46,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm_reference(s, weight, eps), s
 
 
-def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         eps: float) -> torch.Tensor:
     """``nn.LayerNorm`` over the last dim (Ba et al. 2016, "Layer Normalization"): ``x`` ``[..., H]``,
     ``weight``/``bias`` ``[H]``. In bf16/fp16 torch computes the mean, the biased variance and the affine
     map in float32 and rounds once at the end; this is that op, so the reference rounds as HF's modules."""

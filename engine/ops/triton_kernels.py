@@ -106,8 +106,9 @@ def _launch_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: t
     res_out = torch.empty_like(out) if residual is not None else None
     if x.shape[0]:
         r, ro = (residual, res_out) if residual is not None else (x, out)
-        _layer_norm_kernel[(x.shape[0],)](x, r, weight, bias, out, ro, x.stride(0), r.stride(0), out.stride(0),
-                                          ro.stride(0), x.shape[1], eps, HAS_RES=residual is not None,
+        _layer_norm_kernel[(x.shape[0],)](x, r, weight, bias, out, ro, x.stride(0), r.stride(0),
+                                          out.stride(0), ro.stride(0), x.shape[1], eps,
+                                          HAS_RES=residual is not None,
                                           BLOCK=triton.next_power_of_2(x.shape[1]))
     return out, res_out
 

@@ -107,9 +107,9 @@ def test_layer_norm_dispatch_keeps_shape():
     w, b = _rand(64, dtype=torch.float32, gen=g), _rand(64, dtype=torch.float32, gen=g)
     out, s = add_layer_norm(x, r, w, b, 1e-5)
     assert out.shape == s.shape == (2, 3, 64) and torch.equal(s, r + x)
-    torch.testing.assert_close(out, torch.nn.functional.layer_norm(r + x, (64,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(layer_norm(x, w, b, 1e-5), torch.nn.functional.layer_norm(x, (64,), w, b, 1e-5),
-                               rtol=1e-5, atol=1e-5)
+    ln = torch.nn.functional.layer_norm
+    torch.testing.assert_close(out, ln(r + x, (64,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer_norm(x, w, b, 1e-5), ln(x, (64,), w, b, 1e-5), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -172,7 +172,8 @@ def test_bad_layouts_raise():
     with pytest.raises(ValueError, match="weight"):
         tk.add_layer_norm(x, x, torch.ones(8, device=DEV), torch.ones(7, device=DEV), 1e-5)
     with pytest.raises(ValueError, match="residual"):
-        tk.add_layer_norm(x, torch.zeros(3, 8, device=DEV), torch.ones(8, device=DEV), torch.ones(8, device=DEV), 1e-5)
+        ones = torch.ones(8, device=DEV)
+        tk.add_layer_norm(x, torch.zeros(3, 8, device=DEV), ones, ones, 1e-5)
     with pytest.raises(ValueError, match="heads"):
         tk.qk_norm_rope(torch.zeros(2, 10, device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV),
                         x, x, torch.ones(4, device=DEV), torch.ones(4, device=DEV), 1, 1, 1e-6)
