@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from engine.attention.base import AttentionBackend, ForwardBatch
+from engine.models.fused_weights import Fusable as _Fusable
+from engine.models.fused_weights import fuse_linears
 from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
 from engine.ops.linear import linear
 from engine.ops.rotary import RotaryTable, apply_rotary, rotary_cos_sin
@@ -68,36 +70,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class _Fusable(nn.Module):
-    """A module whose fused weight (attribute ``_fused_name``) must follow ``Module.to`` / ``.float()`` /
-    ``.cuda()``: those convert each parameter on its own, which would leave the fused copy behind, so it
-    is rebuilt after them."""
-
-    _fused_name: str
-
-    def _apply(self, fn, recurse: bool = True):
-        fused = getattr(self, self._fused_name, None) is not None
-        out = super()._apply(fn, recurse)
-        if fused:
-            self.fuse_projections()
-        return out
-
-    def fuse_projections(self) -> None:
-        raise NotImplementedError
-
-
-def _fuse_rows(linears: list[nn.Linear]) -> torch.Tensor:
-    """Concatenate bias-free ``nn.Linear`` weights along the output dim into one tensor and rebind each
-    module's parameter to its row slice (so HF names and ``state_dict`` still work, one copy in memory)."""
-    fused = torch.cat([m.weight.detach() for m in linears], dim=0)
-    off = 0
-    for m in linears:
-        n = m.weight.shape[0]
-        m.weight.data = fused[off:off + n]
-        off += n
-    return fused
-
-
 class Qwen3Attention(_Fusable):
     _fused_name = "qkv_weight"
 
@@ -116,7 +88,7 @@ class Qwen3Attention(_Fusable):
         self.qkv_weight: torch.Tensor | None = None  # [(Hq + 2 Hkv) * D, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.qkv_weight = _fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight = fuse_linears([self.q_proj, self.k_proj, self.v_proj])[0]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         if self.qkv_weight is not None:
@@ -141,7 +113,7 @@ class Qwen3MLP(_Fusable):
         self.gate_up_weight: torch.Tensor | None = None  # [2 * intermediate, hidden] once fused
 
     def fuse_projections(self) -> None:
-        self.gate_up_weight = _fuse_rows([self.gate_proj, self.up_proj])
+        self.gate_up_weight = fuse_linears([self.gate_proj, self.up_proj])[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
