@@ -201,8 +201,10 @@ class MossTDForConditionalGeneration(nn.Module):
         return self.config.text.max_position_embeddings
 
     def fuse_projections(self) -> None:
-        """Pack the decoder's q/k/v and gate/up weights (:meth:`Qwen3Model.fuse_projections`)."""
+        """Pack the decoder's q/k/v and gate/up weights (:meth:`Qwen3Model.fuse_projections`) and the audio
+        encoder's q/k/v (:meth:`WhisperEncoder.fuse_projections`)."""
         self.model.language_model.fuse_projections()
+        self.model.whisper_encoder.fuse_projections()
 
 
 class _EmbedSource:
