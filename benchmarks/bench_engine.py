@@ -62,6 +62,8 @@ def make_engine(args) -> Engine:
                        attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
                        max_running_requests=64, chunk_size=args.chunk_size, async_decode=args.async_decode,
                        kv_memory_fraction=args.kv_fraction, seed=0)
+    if getattr(args, "no_prefill_graphs", False):
+        cfg.prefill_graph_tokens = ()
     return Engine(cfg)
 
 
@@ -203,6 +205,7 @@ def main() -> None:
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--graph-max-bs", type=int, default=64)
     ap.add_argument("--chunk-size", type=int, default=4096)
+    ap.add_argument("--no-prefill-graphs", action="store_true", help="prompt chunks run eagerly")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

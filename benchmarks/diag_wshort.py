@@ -91,12 +91,13 @@ def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray]
     wave = (rng.standard_normal(192_000) * 0.1).astype(np.float32)
     todo, inflight, done = requests, [], []
     steps = []
-    graphs = engine.runner.graphs
+    graphs, pgraphs = engine.runner.graphs, engine.runner.prefill_graphs
     torch.cuda.synchronize()
     TIMES.clear()
     CALLS.clear()
     t0 = time.perf_counter()
     while todo or inflight:
+        tc = time.perf_counter()
         while todo and len(inflight) < concurrency:
             if clips is None:
                 seq = be._request(engine, wave, 60)
@@ -106,12 +107,13 @@ def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray]
             engine.submit(seq)
             inflight.append(seq)
             todo -= 1
-        r0 = graphs.replays if graphs else 0
+        TIMES["client_build_submit"] += time.perf_counter() - tc
+        r0 = (graphs.replays if graphs else 0) + (pgraphs.replays if pgraphs else 0)
         p0 = engine.counters["prefill_tokens"]
         ts = time.perf_counter()
         ran = engine.step()
         dt = time.perf_counter() - ts
-        steps.append((dt, (graphs.replays if graphs else 0) - r0, ran,
+        steps.append((dt, (graphs.replays if graphs else 0) + (pgraphs.replays if pgraphs else 0) - r0, ran,
                       sum(1 for s in inflight if s.prefill_done), engine.counters["prefill_tokens"] - p0))
         done += [s for s in inflight if s.finished]
         inflight = [s for s in inflight if not s.finished]
@@ -132,6 +134,7 @@ def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray]
         "idle_steps": {"n": len(idle), "total_s": float(idle[:, 0].sum())},
         "host_phases_s": {k: round(v, 4) for k, v in sorted(TIMES.items(), key=lambda kv: -kv[1])},
         "host_phase_calls": dict(CALLS),
+        "prefill_graph_replays": pgraphs.replays if pgraphs else None,
         "encoder": {k: v for k, v in engine.encoder.stats().items() if isinstance(v, (int, float))},
     }
     return out
@@ -164,10 +167,11 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--torch-profile", action="store_true")
     ap.add_argument("--warm", action="store_true", help="also a run whose clips are all in the encoder cache")
+    ap.add_argument("--no-prefill-graphs", action="store_true")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     eargs = argparse.Namespace(backend="triton", graph_max_bs=64, chunk_size=4096, async_decode=None,
-                               kv_fraction=0.5)
+                               kv_fraction=0.5, no_prefill_graphs=args.no_prefill_graphs)
     engine = be.make_engine(eargs)
     rng = np.random.default_rng(0)
     be.run_workload(engine, 8, 12.0, 8, 4, rng)

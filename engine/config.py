@@ -26,6 +26,9 @@ class EngineConfig:
         attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA).
         cuda_graph_max_bs: largest decode batch replayed as a CUDA graph (CUDA + ``"triton"`` only;
             0 disables graphs). Buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32.
+        prefill_graph_tokens: token counts with a prefill CUDA graph (:mod:`engine.prefill_graphs`; those
+            above ``chunk_size`` are dropped; empty: prompt chunks run eagerly). Captured with the decode
+            graphs, for models without cross-attention. ``prefill_graph_max_items``: most sequences in one.
         small_batch_gemv: single-token steps (decode at batch 1) run the decoder's matrix products through
             our Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS: 1.1-3.6x
             faster per matrix on an H200 at M = 1, slower from M = 2-4 on (bench_decode_ops). Process-wide.
@@ -58,6 +61,8 @@ class EngineConfig:
     max_context: int | None = None
     attention_backend: str = "torch"
     cuda_graph_max_bs: int = 64
+    prefill_graph_tokens: tuple[int, ...] = (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    prefill_graph_max_items: int = 32
     async_decode: bool | None = None
     small_batch_gemv: bool = True
     stream_interval_s: float = 0.05

@@ -65,6 +65,11 @@ class Engine:
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
         if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
             self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
+            buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
+            lm_head = getattr(self.model, "lm_head", None)
+            if buckets and self.cross is None and lm_head is not None:  # cross-attention models: eager
+                self.runner.capture_prefill_graphs(lm_head.weight.shape[1], self.dtype, buckets,
+                                                   min(cfg.prefill_graph_max_items, self.max_reqs))
         self._overlap = None
         use_async = cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda"
         if use_async:
@@ -304,6 +309,7 @@ class Engine:
             "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
             "steps_per_s": len(recent) / span if span > 0 else 0.0,
             "cuda_graph_replays": getattr(self.runner.graphs, "replays", 0) if self.runner.graphs else 0,
+            "prefill_graph_replays": getattr(self.runner.prefill_graphs, "replays", 0),
             **self.encoder.stats(),
             **self.counters,
         }

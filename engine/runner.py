@@ -20,6 +20,7 @@ class ModelRunner:
         self.table = table
         self.device = device
         self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured; eager otherwise
+        self.prefill_graphs = None  # engine.prefill_graphs.PrefillGraphs once captured
 
     def capture_cuda_graphs(self, max_batch_size: int) -> None:
         """Capture decode graphs for batch sizes up to ``max_batch_size`` (CUDA + graph-capable backend)."""
@@ -27,6 +28,16 @@ class ModelRunner:
 
         self.graphs = DecodeGraphs(self.model, self.attn, self.device, max_batch_size)
         self.graphs.capture()
+
+    def capture_prefill_graphs(self, hidden: int, dtype: torch.dtype, token_buckets: tuple[int, ...],
+                               max_items: int) -> None:
+        """Capture prefill graphs (after the decode graphs, whose capture stream they share)."""
+        from engine.prefill_graphs import PrefillGraphs
+
+        stream = self.graphs.capture_stream if self.graphs is not None else None
+        self.prefill_graphs = PrefillGraphs(self.model, self.attn, self.device, hidden, dtype, token_buckets,
+                                            max_items, stream)
+        self.prefill_graphs.capture()
 
     def build(self, step: ScheduledBatch) -> tuple[ForwardBatch, list[bool]]:
         """Pack the step. Returns the batch and, per item, whether its last new token is sampled
@@ -41,8 +52,13 @@ class ModelRunner:
         prefix, ext, rows, sample = [], [], [], []
         slot_chunks = []
         embed_parts: list[tuple[int, int, int, object]] = []
+        decode_prefix, leading = 0, True
         for seq, n in step.items:
             start = seq.num_computed
+            if leading and n == 1 and start >= seq.prompt_len:
+                decode_prefix += 1
+            else:
+                leading = False
             if n == 1:
                 ids.append(seq.token_at(start))
                 pos.append(start)
@@ -71,7 +87,7 @@ class ModelRunner:
         batch = ForwardBatch(
             input_ids=dev[:t], positions=dev[t : 2 * t], out_cache_loc=dev[2 * t : 3 * t],
             req_rows=torch.tensor(rows, dtype=torch.int64), prefix_lens=prefix_t, extend_lens=ext_t,
-            seq_lens=prefix_t + ext_t, qo_indptr=qo, logits_indices=dev[3 * t :],
+            seq_lens=prefix_t + ext_t, qo_indptr=qo, logits_indices=dev[3 * t :], num_decode_prefix=decode_prefix,
         )
         if embed_parts:
             self._attach_embeds(batch, embed_parts)
@@ -89,18 +105,42 @@ class ModelRunner:
             mask[offset : offset + n] = m.to(self.device)
         batch.input_embeds, batch.embeds_mask = embeds, mask
 
+    def _replay(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(logits, greedy)`` from captured graphs, or ``None`` when the step has to run eagerly: a decode
+        graph alone, a prefill graph alone, or the decode graph for the leading decodes followed by a
+        prefill graph for the rest."""
+        g, pg = self.graphs, self.prefill_graphs
+        if g is not None and g.can_run(batch):
+            return g.replay(batch)
+        if pg is None:
+            return None
+        k = batch.num_decode_prefix
+        if k == 0:
+            return pg.replay(batch) if pg.can_run(batch) else None
+        if k == batch.batch_size or g is None:
+            return None
+        head, tail = batch.split(k)
+        if not (g.can_run(head) and pg.can_run(tail)):
+            return None
+        dec_logits, dec_greedy = g.replay(head)
+        pre_logits, pre_greedy = pg.replay(tail)  # own memory pool: the decode outputs stay intact
+        return torch.cat([dec_logits, pre_logits]), torch.cat([dec_greedy, pre_greedy])
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits float32 ``[B, vocab]`` at each item's last new token."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)[0]
+        out = self._replay(batch)
+        if out is not None:
+            return out[0]
         self.attn.prepare(batch)
         return self.model(batch, self.attn)
 
     @torch.inference_mode()
     def forward_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits as :meth:`forward` and their greedy ids int64 ``[B]`` (a decode graph computes both)."""
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.replay(batch)
-        logits = self.forward(batch)
+        """Logits as :meth:`forward` and their greedy ids int64 ``[B]`` (graphs compute both)."""
+        out = self._replay(batch)
+        if out is not None:
+            return out
+        self.attn.prepare(batch)
+        logits = self.model(batch, self.attn)
         return logits, logits.argmax(dim=-1)

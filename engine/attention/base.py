@@ -30,6 +30,9 @@ class ForwardBatch:
         logits_indices: int64 ``[B]`` packed index of each sequence's last new token.
         input_embeds: optional float ``[T, hidden]`` that replaces the token embedding where
             ``embeds_mask`` (bool ``[T]``) is set (MOSS-TD audio positions).
+        num_decode_prefix: the first ``num_decode_prefix`` items decode an output token (one new token
+            each, token ``i`` is item ``i``, no input embeddings); the scheduler puts decodes first, so a
+            mixed step can run them as a decode graph and the rest as a prefill graph.
     """
 
     input_ids: torch.Tensor
@@ -43,6 +46,28 @@ class ForwardBatch:
     logits_indices: torch.Tensor
     input_embeds: torch.Tensor | None = None
     embeds_mask: torch.Tensor | None = None
+    num_decode_prefix: int = 0
+
+    def split(self, k: int) -> tuple[ForwardBatch, ForwardBatch]:
+        """Items ``:k`` and ``k:`` as two batches; the first ``k`` items must have one new token each and no
+        input embeddings (``num_decode_prefix >= k``). Token tensors are views; the second batch's
+        ``logits_indices`` are rebased on the device."""
+        if not 0 < k < self.batch_size or k > self.num_decode_prefix:
+            raise ValueError(f"cannot split {self.batch_size} items at {k} ({self.num_decode_prefix} decodes)")
+        head = ForwardBatch(
+            input_ids=self.input_ids[:k], positions=self.positions[:k], out_cache_loc=self.out_cache_loc[:k],
+            req_rows=self.req_rows[:k], prefix_lens=self.prefix_lens[:k], extend_lens=self.extend_lens[:k],
+            seq_lens=self.seq_lens[:k], qo_indptr=self.qo_indptr[: k + 1],
+            logits_indices=self.logits_indices[:k], num_decode_prefix=k,
+        )
+        tail = ForwardBatch(
+            input_ids=self.input_ids[k:], positions=self.positions[k:], out_cache_loc=self.out_cache_loc[k:],
+            req_rows=self.req_rows[k:], prefix_lens=self.prefix_lens[k:], extend_lens=self.extend_lens[k:],
+            seq_lens=self.seq_lens[k:], qo_indptr=self.qo_indptr[k:] - k, logits_indices=self.logits_indices[k:] - k,
+            input_embeds=None if self.input_embeds is None else self.input_embeds[k:],
+            embeds_mask=None if self.embeds_mask is None else self.embeds_mask[k:],
+        )
+        return head, tail
 
     @property
     def batch_size(self) -> int:
@@ -110,4 +135,17 @@ class AttentionBackend(ABC):
 
     def prepare_for_replay(self, batch: ForwardBatch, padded_batch_size: int) -> None:
         """Copy ``batch``'s metadata into the static buffers before a replay at ``padded_batch_size``."""
+        raise NotImplementedError
+
+    def init_prefill_capture(self, max_tokens: int, max_items: int) -> None:
+        """Allocate static metadata for prefill graphs (extend items only) of up to ``max_tokens`` new
+        tokens in up to ``max_items`` items."""
+        raise NotImplementedError
+
+    def prepare_prefill_capture(self, tokens: int) -> None:
+        """Point metadata at the static buffers for a prefill capture of ``tokens`` (padded) tokens."""
+        raise NotImplementedError
+
+    def prepare_prefill_replay(self, batch: ForwardBatch, tokens: int) -> None:
+        """Copy ``batch``'s metadata into the static buffers before a prefill replay padded to ``tokens``."""
         raise NotImplementedError

@@ -64,6 +64,7 @@ class TritonBackend(AttentionBackend):
         self._part: tuple[torch.Tensor, torch.Tensor] | None = None  # eager split scratch (may grow)
         self._gpart: tuple[torch.Tensor, torch.Tensor] | None = None  # graph split scratch (never freed)
         self._static: dict[str, torch.Tensor] | None = None
+        self._pstatic: dict[str, torch.Tensor] | None = None
         self.meta: _StepMeta | None = None
 
     # -- per step ------------------------------------------------------------------------------------
@@ -152,6 +153,40 @@ class TritonBackend(AttentionBackend):
             extend_attention(q, kb, vb, out, m.ext_rows, self._src_lens[: m.n_ext], m.ext_lens, m.ext_qo,
                              m.max_ext, sm_scale=self.scale, table=None, src_len=src, causal=False)
         return out
+
+    # -- CUDA graphs: prefill (extend items only; engine.prefill_graphs) ---------------------------
+    def init_prefill_capture(self, max_tokens: int, max_items: int) -> None:
+        """Static metadata for prefill graphs: int64 ``[4, max_items]`` (rows, KV lengths, new-token counts,
+        packed offsets) and the KV slots int64 ``[max_tokens]``. Padded items have no new tokens, so every
+        program of theirs exits at once; padded tokens write their K/V to the dummy slot 0."""
+        self._pstatic = {
+            "ext": torch.zeros((4, max_items), dtype=torch.int64, device=self.device),
+            "loc": torch.zeros(max_tokens, dtype=torch.int64, device=self.device),
+        }
+
+    def prepare_prefill_capture(self, tokens: int) -> None:
+        s = self._pstatic
+        s["ext"].zero_()
+        s["loc"].zero_()
+        empty = s["ext"][0, :0]
+        ext = s["ext"]
+        self.meta = _StepMeta(
+            loc=s["loc"][:tokens], n_dec=0, all_dec=False, dec_tok=None, dec_rows=empty, dec_lens=empty,
+            fill=1, n_ext=ext.shape[1], ext_rows=ext[0], ext_kv_lens=ext[1], ext_lens=ext[2], ext_qo=ext[3],
+            max_ext=tokens, static=True,
+        )
+
+    def prepare_prefill_replay(self, batch: ForwardBatch, tokens: int) -> None:
+        s = self._pstatic
+        n, t = batch.batch_size, batch.num_tokens
+        host = torch.zeros(s["ext"].shape, dtype=torch.int64)
+        host[0, :n] = batch.req_rows
+        host[1, :n] = batch.seq_lens
+        host[2, :n] = batch.extend_lens
+        host[3, :n] = batch.qo_indptr[:-1]
+        s["ext"].copy_(host, non_blocking=True)
+        s["loc"][:t].copy_(batch.out_cache_loc, non_blocking=True)
+        s["loc"][t:tokens].zero_()
 
     # -- CUDA graphs (decode only) -------------------------------------------------------------------
     def init_graph_capture(self, max_batch_size: int) -> None:
