@@ -83,6 +83,10 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
         for p in model.parameters():
             p.data.normal_(0.0, 0.02, generator=g)
     model = model.to(device=cfg.device, dtype=dtype).eval()
+    if torch.device(cfg.device).type != "meta":
+        # on the final device and dtype; on the CPU the encoder output stays bit-identical (tiny.en, float32
+        # and bf16, 1-5 windows), on CUDA q/k/v become one GEMM
+        model.fuse_projections()
     tok_path = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else bundled_whisper_dir() / "tokenizer.json"
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_path),
                        info={"family": "whisper", "path": str(path), "format": fmt, "config": conf,

@@ -215,6 +215,11 @@ class WhisperForConditionalGeneration(nn.Module):
         self.proj_out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.proj_out.weight = self.model.decoder.embed_tokens.weight
 
+    def fuse_projections(self) -> None:
+        """Pack the encoder's q/k/v weights (:meth:`WhisperEncoder.fuse_projections`); the decoder keeps its
+        separate projections (its self-attention writes k/v to the KV pool one token at a time)."""
+        self.model.encoder.fuse_projections()
+
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """Mel ``[B, 80, 3000]`` -> encoder states ``[B, 1500, d_model]``."""
