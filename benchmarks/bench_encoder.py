@@ -6,6 +6,9 @@ Sections (one JSON object, also written to ``--out`` after each section; ``--md`
   encoder_alone  1, 8, 16, 64 windows: our path (log-mel + encoder graphs by exact count, microbatches of 8)
                  vs transformers' ``WhisperEncoder`` on the same weights (its default SDPA attention and
                  ``attn_implementation="eager"``), fed precomputed mels; windows/s from the wall clock.
+                 Also: our 8-window output vs transformers' (bf16 SDPA) and both vs transformers in float32
+                 on the same weights; the kernels of one 8-window eager forward, ours and transformers'
+                 (benchmarks/kernel_profile.py: per kernel and per kind, us per forward).
   w_short        800 distinct 12 s clips, 60 output tokens, closed loop at concurrency 16 and 64, each
                  with a cold cache and then warm (the same 800 clips again; the cache is raised to 1,024
                  entries for this, since 800 clips cycled through the default 64 entries never hit).
@@ -33,6 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.kernel_profile import kernel_table  # noqa: E402
+from benchmarks.kernel_profile import markdown as kernel_markdown  # noqa: E402
 from engine import Engine, EngineConfig, Sequence  # noqa: E402
 from engine.encoder_graphs import EncoderGraphs  # noqa: E402
 from engine.loaders.registry import load_model  # noqa: E402
@@ -51,6 +56,28 @@ def _timed(fn, reps: int) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) / reps
+
+
+@torch.inference_mode()
+def accuracy(ours: torch.Tensor, hf_bf16, enc, mels: torch.Tensor) -> dict:
+    """Our encoder output (float32 copy of bf16 ``[8, 1500, d]``) vs transformers' bf16 SDPA encoder, and
+    both vs transformers' encoder in float32 on the same weights and mels (the rounding-free yardstick:
+    our error there should match transformers' own bf16 error)."""
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder as HFEncoder
+
+    ref = hf_bf16(mels).last_hidden_state.float()
+    with torch.device(mels.device):
+        fp32 = HFEncoder(hf_bf16.config).eval()
+    fp32.load_state_dict({k: v.float() for k, v in enc.state_dict().items()}, strict=True)
+    exact = fp32(mels.float()).last_hidden_state
+    del fp32
+    return {"max_abs_diff_vs_transformers": (ours - ref).abs().max().item(),
+            "mean_abs_diff_vs_transformers": (ours - ref).abs().mean().item(),
+            "output_max_abs": ref.abs().max().item(),
+            "max_abs_err_vs_fp32": {"ours": (ours - exact).abs().max().item(),
+                                    "transformers_sdpa_bf16": (ref - exact).abs().max().item()},
+            "mean_abs_err_vs_fp32": {"ours": (ours - exact).abs().mean().item(),
+                                     "transformers_sdpa_bf16": (ref - exact).abs().mean().item()}}
 
 
 @torch.inference_mode()
@@ -76,15 +103,16 @@ def encoder_alone(model, counts=(1, 8, 16, 64)) -> dict:
         hf[impl] = m
     waves = torch.randn(max(counts), 480_000, device=dev) * 0.1
     mels = torch.cat([model.window_mel(waves[i : i + 8]) for i in range(0, len(waves), 8)])
-    ref = hf["sdpa"](mels[:8]).last_hidden_state
-    res["max_abs_diff_vs_transformers"] = (graphs(waves[:8]).float() - ref.float()).abs().max().item()
+    res.update(accuracy(graphs(waves[:8]).float(), hf["sdpa"], enc, mels[:8]))
+    print("encoder accuracy:", json.dumps({k: v for k, v in res.items() if "diff" in k or "err" in k}),
+          flush=True)
     eager8 = enc(model.window_mel(waves[:8]))
     res["graph_equals_eager_8"] = bool(torch.equal(graphs(waves[:8]).clone(), eager8))
     for k in counts:
         x, m = waves[:k], mels[:k]
         buf = torch.empty(k, 1500, a.d_model, dtype=torch.bfloat16, device=dev)
 
-        def ours(x=x, buf=buf, k=k):
+        def ours(x=x, buf=buf, k=k, graphs=graphs):
             for i in range(0, k, 8):
                 buf[i : i + 8].copy_(graphs(x[i : i + 8]))
 
@@ -102,15 +130,14 @@ def encoder_alone(model, counts=(1, 8, 16, 64)) -> dict:
         row["speedup_vs_transformers_eager"] = row["transformers_eager_s"] / row["ours_graph_s"]
         res["by_windows"][k] = row
         print("encoder", k, json.dumps(row), flush=True)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # where 8 windows spend their time
-        for _ in range(3):
-            enc(model.window_mel(waves[:8]))
-        torch.cuda.synchronize()
-    top = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:14]
-    res["eager_profile_8_windows_us"] = {e.key[:90]: round(e.device_time_total / 3, 1) for e in top}
-    print("encoder profile (8 windows, us):", json.dumps(res["eager_profile_8_windows_us"]), flush=True)
+    # where 8 windows spend their time, kernel by kernel (encoder only, on the same precomputed mels)
+    res["profile_8_windows"] = {"ours_eager": kernel_table(lambda: enc(mels[:8])),
+                                "transformers_sdpa": kernel_table(lambda m=hf["sdpa"]: m(mels[:8]))}
+    res["eager_profile_8_windows_us"] = {r["kernel"][:90]: r["us"]
+                                         for r in res["profile_8_windows"]["ours_eager"]["kernels"][:14]}
+    for label, t in res["profile_8_windows"].items():
+        print(f"encoder profile, {label} (8 windows, us per forward): total {t['total_us']:.0f}",
+              json.dumps(t["by_kind_us"]), flush=True)
     del hf, graphs
     torch.cuda.empty_cache()
     return res
@@ -303,6 +330,17 @@ def to_markdown(res: dict) -> str:
         ("transformers eager", "{transformers_eager_windows_per_s:.0f}"),
         ("x SDPA", "{speedup_vs_transformers_sdpa:.2f}"),
         ("x eager", "{speedup_vs_transformers_eager:.2f}")], enc)
+    ea = res.get("encoder_alone", {})
+    if "max_abs_err_vs_fp32" in ea:
+        e, m = ea["max_abs_err_vs_fp32"], ea["mean_abs_err_vs_fp32"]
+        lines += ["", (f"Output (8 windows, |output| up to {ea['output_max_abs']:.2f}): ours vs transformers "
+                       f"SDPA max |diff| {ea['max_abs_diff_vs_transformers']:.4f}, mean "
+                       f"{ea['mean_abs_diff_vs_transformers']:.2e}; vs transformers in float32: ours max "
+                       f"{e['ours']:.4f} / mean {m['ours']:.2e}, transformers bf16 max "
+                       f"{e['transformers_sdpa_bf16']:.4f} / mean {m['transformers_sdpa_bf16']:.2e}.")]
+    if "profile_8_windows" in ea:
+        lines += kernel_markdown("Encoder kernels at 8 windows (eager, us per forward)",
+                                 ea["profile_8_windows"])
     lines += _table("W-short (800 distinct 12 s clips, 60 output tokens)", [
         ("audio-s/s", "{audio_s_per_s:.0f}"), ("req/s", "{req_per_s:.1f}"), ("RTF p50", "{rtf_p50:.4f}"),
         ("latency p95 s", "{latency_p95_s:.3f}"), ("encoder share", "{encoder_share:.1%}"),
