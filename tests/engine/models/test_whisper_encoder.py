@@ -133,3 +133,44 @@ def test_transformers_encoder_loads_our_state_dict_and_agrees():
     mel = _mel(2, seed=4)
     with torch.inference_mode():
         torch.testing.assert_close(enc(mel), hf(mel).last_hidden_state, rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_channels_last_conv_front_equals_conv1d():
+    """The CUDA front end's layout trick, checked on the CPU (the same torch ops): same values as the two
+    Conv1d + GELU, in [B, L', d] memory so the stream needs no transposing copy."""
+    from engine.models.whisper import conv_front_channels_last
+
+    enc = _encoder()
+    mel = _mel(2)
+    out = conv_front_channels_last(mel, enc.conv1, enc.conv2)
+    ref = F.gelu(enc.conv2(F.gelu(enc.conv1(mel))))
+    # float32 rounding of sums of 3 x 64 products up to |ref| (another summation order than Conv1d's)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
+    assert out.shape == (2, 64, 1500) and out.transpose(1, 2).is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_cuda_fused_encoder_error_matches_plain_bf16_error():
+    """Whisper-medium widths on the GPU (Triton LayerNorms, packed q/k/v, channels-last convs) in bf16:
+    against a float64 run of the plain computation, the fused encoder errs as much as the plain bf16
+    computation does (bf16 rounding), not more."""
+    import copy
+
+    cfg = WhisperConfig(d_model=1024, encoder_layers=4, encoder_attention_heads=16, encoder_ffn_dim=4096)
+    torch.manual_seed(0)
+    base = WhisperEncoder(cfg).eval()
+    mel = torch.randn(3, 80, 3000).cuda()
+    exact = plain_encoder(copy.deepcopy(base).cuda().double(), mel.double()).float()
+    plain = plain_encoder(copy.deepcopy(base).cuda().bfloat16(), mel.bfloat16()).float()
+    fused = copy.deepcopy(base).cuda().bfloat16()
+    fused.fuse_projections()
+    ours = fused(mel.bfloat16()).float()
+    assert ours.is_contiguous() and ours.shape == (3, 1500, 1024)
+    err_ours, err_plain = (ours - exact).abs(), (plain - exact).abs()
+    print("mean/max |err| ours", err_ours.mean().item(), err_ours.max().item(),
+          "plain", err_plain.mean().item(), err_plain.max().item())
+    assert err_ours.mean() < 1.25 * err_plain.mean()
+    assert err_ours.max() < 2.0 * err_plain.max() + 1e-2
