@@ -172,6 +172,8 @@ class WhisperEncoder(nn.Module):
         return self.embed_positions.weight[: x.shape[2]] + x.transpose(1, 2)
 
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        """Mel ``[B, n_mels, 3000]`` (model dtype) -> states ``[B, 1500, d]``, contiguous; the last layer's
+        residual add is fused into the final LayerNorm."""
         x, residual = self.embed(mel), None
         for layer in self.layers:
             x, residual = layer(x, residual)
