@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -196,23 +198,40 @@ def request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
 
 
 def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
+    """Closed loop of ``n`` clips at concurrency ``conc``; the clients build and submit on a thread of their
+    own (as in ``bench_engine.run_workload``: submit work runs on the caller's thread in the service)."""
     before = engine.stats()
-    todo, inflight, done, submit_s = list(range(n)), [], [], 0.0
+    slots, submitted, submit_s = threading.Semaphore(conc), queue.SimpleQueue(), [0.0]
+
+    def clients() -> None:
+        for i in range(n):
+            slots.acquire()
+            ts = time.perf_counter()
+            seq = request(engine, clip(base, i), out_tokens)
+            engine.submit(seq)  # includes the waveform hash and pinning
+            submit_s[0] += time.perf_counter() - ts
+            submitted.put(seq)
+
+    inflight, done = [], []
     progress = Progress(f"w_short c{conc}")
     timer.take_s()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    while todo or inflight:
-        while todo and len(inflight) < conc:
-            ts = time.perf_counter()
-            seq = request(engine, clip(base, todo.pop(0)), out_tokens)
-            engine.submit(seq)  # includes the waveform hash (blake2b) and pinning
-            submit_s += time.perf_counter() - ts
-            inflight.append(seq)
-        engine.step()
+    client = threading.Thread(target=clients, name="bench-clients", daemon=True)
+    client.start()
+    while len(done) < n:
+        while not submitted.empty():
+            inflight.append(submitted.get_nowait())
+        if not engine.step():
+            time.sleep(50e-6)  # let the client thread have the GIL
         progress(engine, done=len(done))
-        done += [s for s in inflight if s.finished]
+        for s in inflight:
+            if s.finished:
+                done.append(s)
+                slots.release()
         inflight = [s for s in inflight if not s.finished]
+    client.join()
+    submit_s = submit_s[0]
     wall = time.perf_counter() - t0
     after = engine.stats()
     audio_s = len(base) / SR
