@@ -66,6 +66,8 @@ def make_engine(args) -> Engine:
                        kv_memory_fraction=args.kv_fraction, seed=0)
     if getattr(args, "no_prefill_graphs", False):
         cfg.prefill_graph_tokens = ()
+    if getattr(args, "no_priority_stream", False):
+        cfg.priority_stream = False
     return Engine(cfg)
 
 
@@ -197,6 +199,7 @@ def decode_step_probe(engine: Engine, context: int, steps: int, profile: bool) -
     out = {"context": context, "steps": steps, "wall_ms_per_step": wall_ms}
     graphs = engine.runner.graphs
     if graphs is not None:  # GPU time of the bucket-1 graph alone (the live row stays in place)
+        torch.cuda.synchronize()  # the engine's steps run on their own stream; these replays on this one
         g = graphs.graphs[1][0]
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -230,6 +233,7 @@ def main() -> None:
     ap.add_argument("--graph-max-bs", type=int, default=64)
     ap.add_argument("--chunk-size", type=int, default=4096)
     ap.add_argument("--no-prefill-graphs", action="store_true", help="prompt chunks run eagerly")
+    ap.add_argument("--no-priority-stream", action="store_true", help="steps on the default stream")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

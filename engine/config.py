@@ -46,6 +46,8 @@ class EngineConfig:
             eager). ``encoder_graph_min_free_bytes``: free device memory required to capture each one.
         encoder_compile: ``torch.compile`` the encoder (default mode; never ``reduce-overhead``).
         encoder_stream: run the encoder on its own CUDA stream, overlapping decode steps.
+        priority_stream: run the engine's steps on a CUDA stream of the highest priority (the encoder
+            stream keeps the lowest), so queued decode kernels are dispatched ahead of the encoder's.
     """
 
     model: str = "whisper"
@@ -75,3 +77,4 @@ class EngineConfig:
     encoder_graph_min_free_bytes: int = 3 << 30
     encoder_compile: bool = False
     encoder_stream: bool = True
+    priority_stream: bool = True

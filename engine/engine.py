@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -70,6 +71,13 @@ class Engine:
             if buckets and self.cross is None and lm_head is not None:  # cross-attention models: eager
                 self.runner.capture_prefill_graphs(lm_head.weight.shape[1], self.dtype, buckets,
                                                    min(cfg.prefill_graph_max_items, self.max_reqs))
+        # Steps run on a stream of the highest priority: when decode and encoder kernels are both queued, the
+        # block scheduler dispatches the decode's first, so the encoder fills the SMs a latency-bound decode
+        # step leaves idle instead of delaying it (the encoder stream keeps the default, lowest priority).
+        self._stream = None
+        if self.device.type == "cuda" and cfg.priority_stream:
+            self._stream = torch.cuda.Stream(self.device, priority=-100)  # clamped to the highest
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # weights, KV, graph buffers
         self._overlap = None
         use_async = cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda"
         if use_async:
@@ -162,9 +170,12 @@ class Engine:
             seq.emit("finished", seq.finish_reason)
 
     # -- the loop ------------------------------------------------------------------------------------
+    def _on_stream(self):
+        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+
     def step(self) -> bool:
         """Run one scheduler step. Returns False when there was nothing to do."""
-        with self._lock:
+        with self._lock, self._on_stream():
             if self._overlap is not None:
                 return self._overlap.step()
             self._drain()
@@ -257,7 +268,8 @@ class Engine:
                         self.abort(s)
             if self._thread is None:
                 if not self.step() and not all(s.finished for s in seqs):
-                    self._drain()
+                    with self._on_stream():
+                        self._drain()
             else:
                 time.sleep(0.002)
         return seqs
