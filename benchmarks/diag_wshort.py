@@ -19,7 +19,9 @@ import cProfile
 import io
 import json
 import pstats
+import queue
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -86,58 +88,78 @@ def _clips(requests: int, rng) -> list[np.ndarray]:
 
 
 def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray] | None = None) -> dict:
-    """The closed loop with a per-step record: graph replay or not, prefill tokens, wall time. With
-    ``clips``, request i carries ``clips[i]`` as is (a warm encoder cache then skips the encoder)."""
+    """The closed loop of ``bench_engine.run_workload`` (clients on their own thread) with a record per
+    step: kind (decode graph only, decode + prefill graphs, prefill graph only, eager, nothing to run),
+    wall time, running decodes, prefill tokens, requests still in the encoder stage. With ``clips``,
+    request i carries ``clips[i]`` as is (a warm encoder cache then skips the encoder)."""
     wave = (rng.standard_normal(192_000) * 0.1).astype(np.float32)
-    todo, inflight, done = requests, [], []
-    steps = []
-    graphs, pgraphs = engine.runner.graphs, engine.runner.prefill_graphs
+    slots, submitted = threading.Semaphore(concurrency), queue.SimpleQueue()
+
+    def clients() -> None:
+        for i in range(requests):
+            slots.acquire()
+            tc = time.perf_counter()
+            if clips is None:
+                seq = be._request(engine, wave, 60)
+            else:
+                seq = build_moss_sequence(engine, clips[i], max_new_tokens=60)
+                seq.ignore_eos, seq.stop_checker = True, None
+            engine.submit(seq)
+            TIMES["client_build_submit (client thread)"] += time.perf_counter() - tc
+            submitted.put(seq)
+
+    inflight, done, steps = [], [], []
+    g, pg = engine.runner.graphs, engine.runner.prefill_graphs
     torch.cuda.synchronize()
     TIMES.clear()
     CALLS.clear()
     t0 = time.perf_counter()
-    while todo or inflight:
-        tc = time.perf_counter()
-        while todo and len(inflight) < concurrency:
-            if clips is None:
-                seq = be._request(engine, wave, 60)
-            else:
-                seq = build_moss_sequence(engine, clips[requests - todo], max_new_tokens=60)
-                seq.ignore_eos, seq.stop_checker = True, None
-            engine.submit(seq)
-            inflight.append(seq)
-            todo -= 1
-        TIMES["client_build_submit"] += time.perf_counter() - tc
-        r0 = (graphs.replays if graphs else 0) + (pgraphs.replays if pgraphs else 0)
+    th = threading.Thread(target=clients, daemon=True)
+    th.start()
+    while len(done) < requests:
+        while not submitted.empty():
+            inflight.append(submitted.get_nowait())
+        r0, q0 = g.replays if g else 0, pg.replays if pg else 0
         p0 = engine.counters["prefill_tokens"]
+        running = len(engine.scheduler.running)
+        enc = engine.encoder.num_pending
         ts = time.perf_counter()
         ran = engine.step()
         dt = time.perf_counter() - ts
-        steps.append((dt, (graphs.replays if graphs else 0) + (pgraphs.replays if pgraphs else 0) - r0, ran,
-                      sum(1 for s in inflight if s.prefill_done), engine.counters["prefill_tokens"] - p0))
-        done += [s for s in inflight if s.finished]
+        if not ran:
+            time.sleep(50e-6)
+            dt = time.perf_counter() - ts
+        dg, dp = (g.replays if g else 0) - r0, (pg.replays if pg else 0) - q0
+        kind = ("idle" if not ran else "decode_graph" if dg and not dp else "decode+prefill_graphs" if dg
+                else "prefill_graph" if dp else "eager")
+        steps.append((kind, dt, running, engine.counters["prefill_tokens"] - p0, enc))
+        for s in inflight:
+            if s.finished:
+                done.append(s)
+                slots.release()
         inflight = [s for s in inflight if not s.finished]
+    th.join()
     wall = time.perf_counter() - t0
-    arr = np.array(steps, dtype=np.float64)
-    graph_steps = arr[arr[:, 1] > 0]
-    eager_steps = arr[(arr[:, 1] == 0) & (arr[:, 2] > 0)]
-    idle = arr[arr[:, 2] == 0]
-    out = {
+    kinds = {}
+    for kind in ("decode_graph", "decode+prefill_graphs", "prefill_graph", "eager", "idle"):
+        rows = [r for r in steps if r[0] == kind]
+        if rows:
+            dts = np.array([r[1] for r in rows])
+            kinds[kind] = {"n": len(rows), "total_s": float(dts.sum()), "ms_p50": float(np.median(dts) * 1e3),
+                           "ms_mean": float(dts.mean() * 1e3),
+                           "running_mean": float(np.mean([r[2] for r in rows])),
+                           "prefill_tokens_mean": float(np.mean([r[3] for r in rows])),
+                           "in_encoder_mean": float(np.mean([r[4] for r in rows]))}
+    lat = np.array([s.timings.finished - s.timings.arrival for s in done])
+    return {
         "requests": requests, "concurrency": concurrency, "wall_s": wall,
-        "audio_s_per_s": requests * 12.0 / wall, "steps": len(steps),
-        "graph_steps": {"n": len(graph_steps), "total_s": float(graph_steps[:, 0].sum()),
-                        "ms_p50": float(np.median(graph_steps[:, 0]) * 1e3) if len(graph_steps) else None,
-                        "mean_batch": float(graph_steps[:, 3].mean()) if len(graph_steps) else None},
-        "eager_steps": {"n": len(eager_steps), "total_s": float(eager_steps[:, 0].sum()),
-                        "ms_p50": float(np.median(eager_steps[:, 0]) * 1e3) if len(eager_steps) else None,
-                        "ms_max": float(eager_steps[:, 0].max() * 1e3) if len(eager_steps) else None},
-        "idle_steps": {"n": len(idle), "total_s": float(idle[:, 0].sum())},
+        "audio_s_per_s": requests * 12.0 / wall, "steps": len(steps), "step_kinds": kinds,
+        "latency_mean_s": float(lat.mean()),
+        "queue_to_admit_mean_s": float(np.mean([s.timings.admitted - s.timings.arrival for s in done])),
         "host_phases_s": {k: round(v, 4) for k, v in sorted(TIMES.items(), key=lambda kv: -kv[1])},
         "host_phase_calls": dict(CALLS),
-        "prefill_graph_replays": pgraphs.replays if pgraphs else None,
         "encoder": {k: v for k, v in engine.encoder.stats().items() if isinstance(v, (int, float))},
     }
-    return out
 
 
 def gpu_busy(engine, requests: int, concurrency: int, rng) -> dict:
