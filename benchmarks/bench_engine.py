@@ -68,6 +68,10 @@ def make_engine(args) -> Engine:
         cfg.prefill_graph_tokens = ()
     if getattr(args, "no_priority_stream", False):
         cfg.priority_stream = False
+    if getattr(args, "no_encoder_stream", False):
+        cfg.encoder_stream = False
+    if getattr(args, "encoder_window_budget", None):
+        cfg.encoder_window_budget = args.encoder_window_budget
     return Engine(cfg)
 
 
@@ -234,6 +238,8 @@ def main() -> None:
     ap.add_argument("--chunk-size", type=int, default=4096)
     ap.add_argument("--no-prefill-graphs", action="store_true", help="prompt chunks run eagerly")
     ap.add_argument("--no-priority-stream", action="store_true", help="steps on the default stream")
+    ap.add_argument("--no-encoder-stream", action="store_true", help="the encoder on the steps' stream")
+    ap.add_argument("--encoder-window-budget", type=int, default=None, help="EngineConfig.encoder_window_budget")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)
