@@ -304,7 +304,9 @@ class Engine:
 
     # -- observability -------------------------------------------------------------------------------
     def stats(self) -> dict:
-        """Engine gauges and counters for /stats, metrics and the dashboard."""
+        """Engine gauges and counters for /stats, metrics and the dashboard. ``kv_tokens_used`` counts the KV
+        slots held by running sequences: each holds its whole reservation (prompt + output budget) from
+        admission to finish."""
         now = time.perf_counter()
         recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
         span = (now - recent[0][0]) if len(recent) > 1 else 0.0

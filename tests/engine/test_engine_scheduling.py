@@ -201,3 +201,25 @@ def test_stats_report_queue_and_kv(tiny):
                 "steps_per_s", "steps"):
         assert key in st_
     assert st_["running_requests"] == 0 and st_["kv_tokens_used"] == 0 and st_["steps"] > 0
+
+
+class _NoRepr(Sequence):
+    """A sequence whose repr fails: the step loop must never format one (repr prints every field)."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("repr(seq) called by the engine")
+
+
+def test_finishing_and_aborting_never_format_the_sequence(tiny):
+    """A failed ``deque.remove`` formats ``repr(x)`` into its error; ``Scheduler.finish`` once did that for
+    every finished request (~4 ms each with a long output on the H200, benchmarks/diag_wshort.py)."""
+    mel = torch.randn(*TINY_MEL)
+    done = _NoRepr(prompt_ids=[1, 2, 3], max_new_tokens=6, mm_inputs={"mel": mel}, ignore_eos=True)
+    aborted = _NoRepr(prompt_ids=[4, 5, 6], max_new_tokens=40, mm_inputs={"mel": mel}, ignore_eos=True)
+    tiny.submit(done)
+    tiny.submit(aborted)
+    tiny.step()
+    tiny.abort(aborted)
+    tiny.run_until_done([done, aborted])
+    assert len(done.output_ids) == 6 and aborted.finish_reason == FinishReason.ABORT
+    assert tiny.allocator.num_free == tiny.allocator.num_slots
