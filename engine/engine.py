@@ -136,7 +136,8 @@ class Engine:
         """Validate and queue a sequence (thread-safe).
 
         Raises:
-            RequestRejected: prompt longer than the context (``too_long``) or larger than the KV cache.
+            RequestRejected: empty prompt (``too_short``), prompt longer than the context (``too_long``)
+                or larger than the KV cache (``kv_capacity``).
         """
         self.scheduler.validate(seq)
         self.encoder.on_submit(seq)  # waveform hash and pinning on the caller's thread, not the loop's

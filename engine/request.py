@@ -30,9 +30,10 @@ class Status(str, Enum):
 
 
 class RequestRejected(ValueError):
-    """A sequence that can never run (prompt longer than the context, or larger than the whole KV cache).
+    """A sequence that can never run (empty prompt, prompt longer than the context, or larger than the
+    whole KV cache).
 
-    ``code`` is a stable machine code: ``too_long`` or ``kv_capacity``.
+    ``code`` is a stable machine code: ``too_short``, ``too_long`` or ``kv_capacity``.
     """
 
     def __init__(self, code: str, message: str) -> None:

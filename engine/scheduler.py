@@ -56,9 +56,12 @@ class Scheduler:
         """Clamp the budget to the context left and refuse sequences that can never run.
 
         Raises:
-            RequestRejected: ``too_long`` when the prompt plus one output token exceeds the context;
-                ``kv_capacity`` when the reservation exceeds the whole KV pool.
+            RequestRejected: ``too_short`` for an empty prompt (the first output token is sampled at the
+                prompt's last position, so there must be one); ``too_long`` when the prompt plus one output
+                token exceeds the context; ``kv_capacity`` when the reservation exceeds the whole KV pool.
         """
+        if seq.prompt_len == 0:
+            raise RequestRejected("too_short", "the prompt has no tokens (at least one is needed)")
         if seq.prompt_len + 1 > self.max_context:
             raise RequestRejected(
                 "too_long", f"prompt of {seq.prompt_len} tokens does not fit the context of {self.max_context}")

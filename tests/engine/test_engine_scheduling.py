@@ -223,3 +223,14 @@ def test_finishing_and_aborting_never_format_the_sequence(tiny):
     tiny.run_until_done([done, aborted])
     assert len(done.output_ids) == 6 and aborted.finish_reason == FinishReason.ABORT
     assert tiny.allocator.num_free == tiny.allocator.num_slots
+
+
+def test_empty_prompt_is_refused(tiny):
+    """A prompt of no tokens has no position to sample its first token at: packed after another request,
+    its logits index (its last new token) fell on that request's last token, and it silently got the
+    other request's next token; alone, the step failed with an index error."""
+    mel = torch.randn(*TINY_MEL)
+    with pytest.raises(RequestRejected) as e:
+        tiny.submit(Sequence(prompt_ids=[], max_new_tokens=3, mm_inputs={"mel": mel}))
+    assert e.value.code == "too_short"
+    assert not tiny.scheduler.waiting and tiny._inbox.empty()
