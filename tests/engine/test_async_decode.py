@@ -1,14 +1,19 @@
-"""Async decode (one-step lookahead): same tokens as the synchronous loop, and no KV leak under churn."""
+"""Async decode (one-step lookahead): same tokens as the synchronous loop, and no KV leak under churn; in
+both loops, whole KV reservations partition the pool at every step and chunk boundaries change nothing."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, FinishReason, Sequence
+from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from engine.moss_td_pipeline import build_moss_sequence
 from engine.overlap import PLACEHOLDER
+from engine.request import Status
 
 CUDA = torch.cuda.is_available()
 TINY = {  # vocab 512 keeps greedy ties improbable with random weights
@@ -130,3 +135,128 @@ def test_whisper_transcripts_async_equal_sync(whisper_engine):
             [(s["start"], s["end"], s["text"]) for s in a["segments"]]
         assert len(a["segments"]) >= 1 and b["finish_reason"] == a["finish_reason"]
     assert lookahead.allocator.num_free == lookahead.allocator.num_slots
+
+
+# -- whole KV reservations under churn, both loops (MOSS-TD text and audio requests, encoder stage) ---
+def _check_kv_accounting(eng: Engine) -> None:
+    """Free slots and the running sequences' reservations partition ``1..num_slots`` exactly, and each
+    running sequence's host ``kv_slots`` is its whole reservation and equals its device table row."""
+    sch, al = eng.scheduler, eng.allocator
+    held = [s.kv_slots for s in sch.running]
+    every = np.concatenate([al._free[: al.num_free].numpy(), *held])
+    assert al.num_free + sum(len(h) for h in held) == al.num_slots
+    assert np.array_equal(np.sort(every), np.arange(1, al.num_slots + 1))
+    for s in sch.running:
+        assert len(s.kv_slots) == s.reserved == s.num_allocated == s.prompt_len + s.max_new_tokens
+        assert np.array_equal(eng.table.table[s.row, : s.reserved].numpy(), s.kv_slots)
+        assert s.num_computed <= s.reserved <= eng.max_context
+    assert all(s.status == Status.RUNNING for s in sch.running)
+    assert all(s.status == Status.WAITING and s.row is None and s.kv_slots is None for s in sch.waiting)
+
+
+def _phase(eng: Engine, s: Sequence) -> str:
+    if s in eng.encoder.job_of:
+        return "encoding"
+    if s in eng.scheduler.waiting:
+        return "waiting"
+    if s in eng.scheduler.running:
+        return "decoding" if s.prefill_done else "prefilling"
+    return "submitted"  # still in the inbox
+
+
+def _moss_engine(async_decode: bool, **kw) -> Engine:
+    """Tiny MOSS-TD with 400 KV slots (1 KiB each) for a 256-token context: requests wait for KV."""
+    cfg = {"model": "moss-td", "load_format": "dummy", "dummy_config": TINY_DUMMY_CONFIG, "max_context": 256,
+           "kv_budget_bytes": 400 * 1024, "max_running_requests": 6, "encoder_window_budget": 1,
+           "encoder_cache_entries": 0, "async_decode": async_decode, "chunk_size": 8, "seed": 3}
+    cfg.update(kw)
+    return Engine(EngineConfig(**cfg))
+
+
+PHASES = ("submitted", "encoding", "waiting", "prefilling", "decoding")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_reservations_partition_the_pool_at_every_step(async_decode):
+    """Text prompts ending exactly at chunk boundaries, of 1 token, budgets clamped to the context left,
+    audio requests through the encoder stage, chunk sizes 1..16 changing every step, a pool too small for
+    all, aborts of submitted/encoding/waiting/prefilling/decoding requests: after every step the KV
+    accounting holds; unaborted requests give exactly the tokens they give alone."""
+    eng = _moss_engine(async_decode)
+    rng = random.Random(1)
+
+    def wave(i: int) -> np.ndarray:  # distinct recordings: identical ones would share one encoder job
+        return (0.1 * np.random.default_rng(i).standard_normal(16_000 * (1 + i % 3))).astype(np.float32)
+
+    def make(i: int) -> Sequence:
+        if i >= 47 or rng.random() < 0.3:  # the first three arrive together: two wait for the encoder
+            s = build_moss_sequence(eng, wave(i), max_new_tokens=rng.randint(1, 12))
+            s.stop_checker, s.tag = None, ("audio", i)
+            return s
+        c = eng.scheduler.chunk_size
+        n = rng.choice([1, 2, c, 2 * c, 3 * c - 1, rng.randint(1, 60), rng.randint(240, 255), 255])
+        return Sequence(prompt_ids=[rng.randrange(1, 150_000) for _ in range(n)], tag=("text",),
+                        max_new_tokens=10_000 if n >= 240 else rng.choice([1, 2, rng.randint(1, 20)]),
+                        stop_token_ids=(rng.randrange(150_000),))  # 10,000: clamped to the context left
+
+    live, done, doom, aborted_in, todo, waited_for_kv = [], [], {}, set(), 50, False
+    while todo or live:
+        if todo and rng.random() < 0.4:  # bursts: with one window a step, some audio waits to encode
+            for _ in range(3 if todo == 50 else min(todo, rng.randint(1, 4))):
+                s = make(todo)
+                eng.submit(s)
+                live.append(s)
+                todo -= 1
+                if todo == 47 or rng.random() < 0.35:  # aborted once it reaches this phase, if it does
+                    ph = "encoding" if todo == 47 else PHASES[len(doom) % 5]
+                    doom[s.id] = "waiting" if ph == "encoding" and s.tag[0] == "text" else ph  # no encoder
+        for s in live:
+            if doom.get(s.id) == _phase(eng, s):
+                aborted_in.add(doom[s.id])
+                doom[s.id] = None
+                eng.abort(s)
+        eng.scheduler.chunk_size = rng.choice([1, 2, 3, 8, 16])
+        eng.step()
+        _check_kv_accounting(eng)
+        sch = eng.scheduler
+        waited_for_kv |= bool(sch.waiting and eng.table.num_free and len(sch.running) < sch.max_running
+                              and eng.allocator.num_free < sch.kv_needed(sch.waiting[0]))
+        done += [(s, s.finish_reason, len(s.output_ids)) for s in live if s.finished]
+        live = [s for s in live if not s.finished]
+    while eng.step():
+        _check_kv_accounting(eng)
+    assert all((s.finish_reason, len(s.output_ids)) == tuple(end) for s, *end in done)  # ended stays ended
+    assert aborted_in == set(PHASES) and waited_for_kv  # a row was free, the KV was not
+    assert eng.allocator.num_free == eng.allocator.num_slots and eng.table.num_free == eng.table.max_reqs
+    alone = _moss_engine(False, chunk_size=4096, max_running_requests=1)
+    kept = [s for s, reason, _ in done if reason != FinishReason.ABORT]
+    clamped = [s.max_new_tokens for s in kept if s.prompt_len + s.max_new_tokens == eng.max_context]
+    assert len(kept) >= 25 and len(clamped) >= 2 and 1 in clamped  # 1: a prompt of max_context - 1 tokens
+    for s in kept:
+        if s.tag[0] == "audio":
+            ref = build_moss_sequence(alone, wave(s.tag[1]), max_new_tokens=s.max_new_tokens)
+            ref.stop_checker = None
+        else:
+            ref = Sequence(prompt_ids=s.prompt_ids, max_new_tokens=s.max_new_tokens,
+                           stop_token_ids=s.stop_token_ids)
+        alone.generate([ref])
+        assert (s.output_ids, s.finish_reason) == (ref.output_ids, ref.finish_reason), s.tag
+        assert s.row is None and s.kv_slots is None
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_prompts_ending_at_chunk_boundaries(async_decode, chunk):
+    """Prompts of exactly one, two chunks, one token either side of three, and of one token, arriving
+    together at a fixed chunk size: each gives the tokens it gives alone in one chunk."""
+    eng = _moss_engine(async_decode, chunk_size=chunk)
+    lens = [chunk, 2 * chunk, 3 * chunk - 1, 3 * chunk + 1, 1]
+    seqs = [Sequence(prompt_ids=[(97 * i + 13 * j) % 150_000 + 1 for j in range(n)], max_new_tokens=5,
+                     ignore_eos=True) for i, n in enumerate(lens)]
+    eng.generate(seqs)
+    alone = _moss_engine(False, chunk_size=4096, max_running_requests=1)
+    for s in seqs:
+        ref = alone.generate([Sequence(prompt_ids=s.prompt_ids, max_new_tokens=5, ignore_eos=True)])[0]
+        assert s.output_ids == ref.output_ids and len(s.output_ids) == 5, s.prompt_len
+    assert eng.allocator.num_free == eng.allocator.num_slots
