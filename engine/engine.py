@@ -77,7 +77,6 @@ class Engine:
         self._stream = None
         if self.device.type == "cuda" and cfg.priority_stream:
             self._stream = torch.cuda.Stream(self.device, priority=-100)  # clamped to the highest
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))  # weights, KV, graph buffers
         self._overlap = None
         use_async = cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda"
         if use_async:
@@ -94,6 +93,8 @@ class Engine:
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
+        if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
     # -- memory plan ---------------------------------------------------------------------------------
     def _budget(self) -> int:
