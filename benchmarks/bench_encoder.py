@@ -38,12 +38,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.kernel_profile import kernel_table  # noqa: E402
-from benchmarks.kernel_profile import markdown as kernel_markdown  # noqa: E402
-from engine import Engine, EngineConfig, Sequence  # noqa: E402
-from engine.encoder_graphs import EncoderGraphs  # noqa: E402
-from engine.loaders.registry import load_model  # noqa: E402
-from engine.moss_td_pipeline import build_moss_sequence  # noqa: E402
+from benchmarks.kernel_profile import kernel_table
+from benchmarks.kernel_profile import markdown as kernel_markdown
+from engine import Engine, EngineConfig, Sequence
+from engine.encoder_graphs import EncoderGraphs
+from engine.loaders.registry import load_model
+from engine.moss_td_pipeline import build_moss_sequence
 
 SR = 16_000
 

@@ -4,8 +4,13 @@ DER is of the transcript's speaker turns (what the RTTM export writes), collar 0
 
 Run from the repo root: .venv/bin/python benchmarks/eval_threshold_sweep.py OUT.json
 """
-import io, json, subprocess, sys, contextlib, datetime as dt, itertools
+import datetime as dt
+import json
+import subprocess
+import sys
+
 import numpy as np
+
 import engine.diarization.pipeline as P
 from diarist.commands.eval import engine_transcribe_fn
 from diarist.evaluation import evaluate
@@ -36,7 +41,7 @@ for held in items:
                  "der_c0.25_at_default": rows[f"{DEFAULT:.2f}"][held]["der_c0.25"]}
 commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 out = {"command": ".venv/bin/python " + " ".join(sys.argv), "git_commit": commit,
-       "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+       "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
        "what": f"transcript DER on its speaker turns (collar 0.25 s each side, overlap scored) and speaker counts from diarist eval, "
                f"engine.diarization.pipeline.THRESHOLD set to each cut (default {DEFAULT}); everything else default",
        "driver_source": open(__file__).read(),

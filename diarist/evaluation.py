@@ -24,7 +24,7 @@ from diarist import scoring
 from diarist.references import Item, References, discover, load_references
 from diarist.transcript import Transcript
 
-__all__ = ["Item", "References", "discover", "load_references", "evaluate", "aggregate", "score_item"]
+__all__ = ["Item", "References", "aggregate", "discover", "evaluate", "load_references", "score_item"]
 
 TranscribeFn = Callable[..., dict]
 

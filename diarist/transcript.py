@@ -118,7 +118,7 @@ class Transcript(BaseModel):
         return out
 
     @classmethod
-    def from_engine(cls, result: dict[str, Any]) -> "Transcript":
+    def from_engine(cls, result: dict[str, Any]) -> Transcript:
         """Normalise an engine transcription result into a :class:`Transcript`.
 
         ``result`` is the dict from ``engine.transcriber`` (all times seconds):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from engine.models.moss_td_prompt import TOKENS_PER_SECOND, build_prompt
+from engine.models.moss_td_prompt import build_prompt
 from engine.repetition import RepetitionGuard
 from engine.request import RequestRejected, Sequence
 

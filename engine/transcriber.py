@@ -23,10 +23,15 @@ import torch
 
 from engine.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
 from engine.engine import Engine
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from engine.models.whisper_decoding import (
+    WhisperTimestampRules,
+    WhisperTokens,
+    split_segments,
+    whisper_prompt,
+)
+from engine.progress import EventFn, WindowProgress
 from engine.repetition import RepetitionGuard
 from engine.request import FinishReason, Sequence
-from engine.progress import EventFn, WindowProgress
 from engine.streaming import IncrementalDetokenizer
 from engine.windows import Window, pack_windows
 
@@ -194,7 +199,7 @@ class Transcriber:
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).
             guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN,
-                                    canonical=lambda t, ts0=ts0: ts0 if t >= ts0 else t)
+                                    canonical=lambda t, ts0=ts0: min(ts0, t))
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
                            stop_checker=guard, tag=i)

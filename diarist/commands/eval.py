@@ -166,7 +166,7 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
     report = {"model": args.model, "model_path": args.model_path, "device": args.device,
               "diarize": getattr(args, "diarize", True),
               "command": " ".join(shlex.quote(a) for a in sys.argv), "git_commit": _git_commit(),
-              "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report}
+              "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **report}
     print(format_table(report))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -194,7 +194,7 @@ class MossTDForConditionalGeneration(nn.Module):
 
     def cross_layout(self) -> None:
         """Decoder-only: no cross-attention KV."""
-        return None
+        return
 
     @property
     def max_context(self) -> int:

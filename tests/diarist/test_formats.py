@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from diarist.formats import SUPPORTED_FORMATS, render, to_diarized_json, to_rttm, to_srt, to_txt, to_verbose_json, to_vtt
+from diarist.formats import (
+    SUPPORTED_FORMATS,
+    render,
+    to_diarized_json,
+    to_rttm,
+    to_srt,
+    to_txt,
+    to_verbose_json,
+    to_vtt,
+)
 from diarist.transcript import Transcript
 
 GOLDEN = Path(__file__).parent / "golden"

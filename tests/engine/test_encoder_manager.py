@@ -12,7 +12,6 @@ from engine import Engine, EngineConfig, FinishReason
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.moss_td_pipeline import build_moss_sequence
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

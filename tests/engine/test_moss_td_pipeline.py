@@ -10,8 +10,6 @@ from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.moss_td_pipeline import build_moss_sequence, default_budget, moss_result
 from engine.repetition import RepetitionGuard
 
-
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
