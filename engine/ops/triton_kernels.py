@@ -26,17 +26,26 @@ def _rnd(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _load_row(X, R, ResOut, row, stride_x, stride_r, stride_ro, offs, mask, DT: tl.constexpr,
+              HAS_RES: tl.constexpr):
+    """Row ``row`` of ``X`` in float32; with ``HAS_RES`` plus the residual row, rounded to ``DT`` as the
+    unfused add would be and stored to ``ResOut`` (the new residual stream)."""
+    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _rnd(x + r, DT)
+        tl.store(ResOut + row * stride_ro + offs, x.to(DT), mask=mask)
+    return x
+
+
+@triton.jit
 def _rms_norm_kernel(X, R, W, Out, ResOut, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
                      HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     dt = Out.dtype.element_ty
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-        x = _rnd(x + r, dt)
-        tl.store(ResOut + row * stride_ro + offs, x.to(dt), mask=mask)
+    x = _load_row(X, R, ResOut, row, stride_x, stride_r, stride_ro, offs, mask, dt, HAS_RES)
     var = tl.sum(x * x, axis=0) / n_cols
     n = _rnd(x * (1.0 / tl.sqrt(var + eps)), dt)
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
@@ -81,11 +90,7 @@ def _layer_norm_kernel(X, R, W, B, Out, ResOut, stride_x, stride_r, stride_o, st
     dt = Out.dtype.element_ty
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
-    x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-        x = _rnd(x + r, dt)
-        tl.store(ResOut + row * stride_ro + offs, x.to(dt), mask=mask)
+    x = _load_row(X, R, ResOut, row, stride_x, stride_r, stride_ro, offs, mask, dt, HAS_RES)
     mean = tl.sum(x, axis=0) / n_cols
     xc = tl.where(mask, x - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / n_cols + eps)  # biased variance, as nn.LayerNorm
