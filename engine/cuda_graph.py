@@ -38,6 +38,22 @@ def default_buckets(max_batch_size: int) -> list[int]:
     return out
 
 
+def capture_logits_graph(model: torch.nn.Module, attn: AttentionBackend, batch: ForwardBatch, pool,
+                         stream: torch.cuda.Stream | None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    """Warm up ``model(batch, attn)`` twice (compiles the Triton kernels for these shapes and settles the
+    allocator), then capture it with greedy sampling into ``pool`` on ``stream``. The backend's metadata
+    must already point at static buffers. Returns ``(graph, logits float32 [B, vocab], greedy int64 [B])``,
+    the outputs being the graph's static tensors. Raises RuntimeError from CUDA when capture fails."""
+    for _ in range(2):
+        model(batch, attn)
+    torch.cuda.synchronize(batch.input_ids.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        logits = model(batch, attn)
+        greedy = logits.argmax(dim=-1)
+    return graph, logits, greedy
+
+
 class DecodeGraphs:
     """Captured decode graphs for one model and attention backend.
 
@@ -82,15 +98,8 @@ class DecodeGraphs:
         for bs in reversed(self.buckets):
             self.attn.prepare_for_capture(bs)
             batch = self._static_batch(bs)
-            for _ in range(2):  # compiles the Triton kernels and settles the allocator
-                self.model(batch, self.attn)
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.capture_stream):
-                logits = self.model(batch, self.attn)
-                greedy = logits.argmax(dim=-1)
-            pool = graph.pool()
-            self.graphs[bs] = (graph, logits, greedy)
+            self.graphs[bs] = capture_logits_graph(self.model, self.attn, batch, pool, self.capture_stream)
+            pool = self.graphs[bs][0].pool()
         torch.cuda.synchronize(dev)
         log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 

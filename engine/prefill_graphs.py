@@ -25,6 +25,7 @@ import logging
 import torch
 
 from engine.attention.base import AttentionBackend, ForwardBatch
+from engine.cuda_graph import capture_logits_graph
 
 log = logging.getLogger("diarist.engine")
 
@@ -91,15 +92,8 @@ class PrefillGraphs:
         for tokens in reversed(self.buckets):
             self.attn.prepare_prefill_capture(tokens)
             batch = self._static_batch(tokens)
-            for _ in range(2):  # compiles the kernels for these shapes and settles the allocator
-                self.model(batch, self.attn)
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-                logits = self.model(batch, self.attn)
-                greedy = logits.argmax(dim=-1)
-            pool = graph.pool()
-            self.graphs[tokens] = (graph, logits, greedy)
+            self.graphs[tokens] = capture_logits_graph(self.model, self.attn, batch, pool, self.stream)
+            pool = self.graphs[tokens][0].pool()
         torch.cuda.synchronize(dev)
         log.info("captured prefill CUDA graphs for token counts %s (up to %d items)", self.buckets,
                  self.max_items)
