@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -38,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import bench_engine
 from benchmarks.kernel_profile import kernel_table
 from benchmarks.kernel_profile import markdown as kernel_markdown
 from engine import Engine, EngineConfig, Sequence
@@ -198,40 +197,22 @@ def request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
 
 
 def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
-    """Closed loop of ``n`` clips at concurrency ``conc``; the clients build and submit on a thread of their
-    own (as in ``bench_engine.run_workload``: submit work runs on the caller's thread in the service)."""
+    """Closed loop of ``n`` clips at concurrency ``conc`` (``bench_engine.closed_loop``: the clients build and
+    submit on a thread of their own, as the service's callers do)."""
     before = engine.stats()
-    slots, submitted, submit_s = threading.Semaphore(conc), queue.SimpleQueue(), [0.0]
-
-    def clients() -> None:
-        for i in range(n):
-            slots.acquire()
-            ts = time.perf_counter()
-            seq = request(engine, clip(base, i), out_tokens)
-            engine.submit(seq)  # includes the waveform hash and pinning
-            submit_s[0] += time.perf_counter() - ts
-            submitted.put(seq)
-
-    inflight, done = [], []
     progress = Progress(f"w_short c{conc}")
+
+    def step(inflight) -> bool:
+        ran = engine.step()
+        progress(engine, running=len(inflight))
+        return ran
+
     timer.take_s()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    client = threading.Thread(target=clients, name="bench-clients", daemon=True)
-    client.start()
-    while len(done) < n:
-        while not submitted.empty():
-            inflight.append(submitted.get_nowait())
-        if not engine.step():
-            time.sleep(50e-6)  # let the client thread have the GIL
-        progress(engine, done=len(done))
-        for s in inflight:
-            if s.finished:
-                done.append(s)
-                slots.release()
-        inflight = [s for s in inflight if not s.finished]
-    client.join()
-    submit_s = submit_s[0]
+    # submit includes the waveform hash and pinning (client thread)
+    done, submit_s = bench_engine.closed_loop(
+        engine, n, conc, lambda i: request(engine, clip(base, i), out_tokens), step)
     wall = time.perf_counter() - t0
     after = engine.stats()
     audio_s = len(base) / SR

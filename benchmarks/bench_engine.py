@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -89,53 +90,73 @@ def _request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
     return seq
 
 
-def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int, concurrency: int,
-                 rng: np.random.Generator) -> tuple[dict, list[Sequence]]:
-    """Closed loop: keep ``concurrency`` requests in flight until ``requests`` have finished.
+def closed_loop(engine: Engine, requests: int, concurrency: int, make_request: Callable[[int], Sequence],
+                step: Callable[[list[Sequence]], bool] | None = None) -> tuple[list[Sequence], float]:
+    """Keep ``concurrency`` requests in flight until ``requests`` have finished.
 
     The clients run on a thread of their own, as the service's API and worker threads do: building a
-    request and ``Engine.submit`` (prompt, waveform hash, pinning: ~1-2 ms per 12 s clip, mostly outside
-    the GIL) happen on the caller's thread by design, so they overlap the engine's steps. A client submits
-    its next request only after one of its requests has finished (a semaphore of ``concurrency``). This
-    thread drives ``engine.step()`` inline, which keeps the per-step timings below.
+    request (``make_request(i)``) and ``Engine.submit`` (prompt, waveform hash, pinning: ~1-2 ms per 12 s
+    clip, mostly outside the GIL) happen on the caller's thread by design, so they overlap the engine's
+    steps. A client submits its next request only after one of its requests has finished (a semaphore of
+    ``concurrency``). This thread drives the engine inline through ``step(inflight)`` (default
+    ``engine.step()``), which returns whether anything ran, so callers can time each step.
+
+    Returns the finished sequences in finishing order and the client thread's build + submit time (s).
     """
-    wave = (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32)
     slots = threading.Semaphore(concurrency)
     submitted: queue.SimpleQueue = queue.SimpleQueue()
+    client_s = [0.0]
 
     def clients() -> None:
-        for _ in range(requests):
+        for i in range(requests):
             slots.acquire()
-            seq = _request(engine, wave, out_tokens)
+            tc = time.perf_counter()
+            seq = make_request(i)
             engine.submit(seq)
+            client_s[0] += time.perf_counter() - tc
             submitted.put(seq)
 
-    inflight, done = [], []
-    max_stall, pure_steps = 0.0, []
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    inflight: list[Sequence] = []
+    done: list[Sequence] = []
     client = threading.Thread(target=clients, name="bench-clients", daemon=True)
     client.start()
     while len(done) < requests:
         while not submitted.empty():
             inflight.append(submitted.get_nowait())
-        mixed = any(not s.prefill_done for s in inflight) and any(s.prefill_done for s in inflight)
-        ts = time.perf_counter()
-        ran = engine.step()
-        dt = time.perf_counter() - ts
-        if not ran:
+        if not (step(inflight) if step is not None else engine.step()):
             time.sleep(50e-6)  # nothing to run: let the client thread have the GIL
-        elif mixed:  # a decode step that also carried a prefill chunk
-            max_stall = max(max_stall, dt)
-        elif inflight and all(s.prefill_done for s in inflight):
-            pure_steps.append(dt)
         for s in inflight:
             if s.finished:
                 done.append(s)
                 slots.release()
         inflight = [s for s in inflight if not s.finished]
     client.join()
+    return done, client_s[0]
+
+
+def run_workload(engine: Engine, requests: int, audio_s: float, out_tokens: int, concurrency: int,
+                 rng: np.random.Generator) -> tuple[dict, list[Sequence]]:
+    """:func:`closed_loop` of fixed-length requests on ``audio_s`` seconds of noise; per-step timings of
+    pure decode steps and of decode steps that also carried a prefill chunk."""
+    wave = (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32)
+    max_stall, pure_steps = [0.0], []
+
+    def timed_step(inflight: list[Sequence]) -> bool:
+        mixed = any(not s.prefill_done for s in inflight) and any(s.prefill_done for s in inflight)
+        ts = time.perf_counter()
+        ran = engine.step()
+        dt = time.perf_counter() - ts
+        if ran and mixed:  # a decode step that also carried a prefill chunk
+            max_stall[0] = max(max_stall[0], dt)
+        elif ran and inflight and all(s.prefill_done for s in inflight):
+            pure_steps.append(dt)
+        return ran
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    done, _ = closed_loop(engine, requests, concurrency, lambda _i: _request(engine, wave, out_tokens), timed_step)
+    max_stall = max_stall[0]
     wall = time.perf_counter() - t0
     lat = np.array([s.timings.finished - s.timings.arrival for s in done])
     rtf = lat / audio_s

@@ -19,9 +19,7 @@ import cProfile
 import io
 import json
 import pstats
-import queue
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -88,37 +86,23 @@ def _clips(requests: int, rng) -> list[np.ndarray]:
 
 
 def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray] | None = None) -> dict:
-    """The closed loop of ``bench_engine.run_workload`` (clients on their own thread) with a record per
+    """``bench_engine.closed_loop`` (clients on their own thread) with a record per
     step: kind (decode graph only, decode + prefill graphs, prefill graph only, eager, nothing to run),
     wall time, running decodes, prefill tokens, requests still in the encoder stage. With ``clips``,
     request i carries ``clips[i]`` as is (a warm encoder cache then skips the encoder)."""
     wave = (rng.standard_normal(192_000) * 0.1).astype(np.float32)
-    slots, submitted = threading.Semaphore(concurrency), queue.SimpleQueue()
 
-    def clients() -> None:
-        for i in range(requests):
-            slots.acquire()
-            tc = time.perf_counter()
-            if clips is None:
-                seq = be._request(engine, wave, 60)
-            else:
-                seq = build_moss_sequence(engine, clips[i], max_new_tokens=60)
-                seq.ignore_eos, seq.stop_checker = True, None
-            engine.submit(seq)
-            TIMES["client_build_submit (client thread)"] += time.perf_counter() - tc
-            submitted.put(seq)
+    def make_request(i: int):
+        if clips is None:
+            return be._request(engine, wave, 60)
+        seq = build_moss_sequence(engine, clips[i], max_new_tokens=60)
+        seq.ignore_eos, seq.stop_checker = True, None
+        return seq
 
-    inflight, done, steps = [], [], []
+    steps = []
     g, pg = engine.runner.graphs, engine.runner.prefill_graphs
-    torch.cuda.synchronize()
-    TIMES.clear()
-    CALLS.clear()
-    t0 = time.perf_counter()
-    th = threading.Thread(target=clients, daemon=True)
-    th.start()
-    while len(done) < requests:
-        while not submitted.empty():
-            inflight.append(submitted.get_nowait())
+
+    def recorded_step(_inflight) -> bool:
         r0, q0 = g.replays if g else 0, pg.replays if pg else 0
         p0 = engine.counters["prefill_tokens"]
         running = len(engine.scheduler.running)
@@ -126,19 +110,18 @@ def census(engine, requests: int, concurrency: int, rng, clips: list[np.ndarray]
         ts = time.perf_counter()
         ran = engine.step()
         dt = time.perf_counter() - ts
-        if not ran:
-            time.sleep(50e-6)
-            dt = time.perf_counter() - ts
         dg, dp = (g.replays if g else 0) - r0, (pg.replays if pg else 0) - q0
         kind = ("idle" if not ran else "decode_graph" if dg and not dp else "decode+prefill_graphs" if dg
                 else "prefill_graph" if dp else "eager")
         steps.append((kind, dt, running, engine.counters["prefill_tokens"] - p0, enc))
-        for s in inflight:
-            if s.finished:
-                done.append(s)
-                slots.release()
-        inflight = [s for s in inflight if not s.finished]
-    th.join()
+        return ran
+
+    torch.cuda.synchronize()
+    TIMES.clear()
+    CALLS.clear()
+    t0 = time.perf_counter()
+    done, client_s = be.closed_loop(engine, requests, concurrency, make_request, recorded_step)
+    TIMES["client_build_submit (client thread)"] = client_s
     wall = time.perf_counter() - t0
     kinds = {}
     for kind in ("decode_graph", "decode+prefill_graphs", "prefill_graph", "eager", "idle"):
