@@ -11,6 +11,28 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("DIARIST_TEST_DATA", REPO.parent / "shared" / "data"))
 
 
+# Qwen3 attention shape (16 q / 8 kv heads x 128), two decoder layers, a small encoder: the graph tests' model
+TINY_MOSS = {
+    "text_config": {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512},
+    "audio_config": {"d_model": 64, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 128},
+    "init_std": 0.05,
+}
+
+
+def teacher_forcing(logs: dict, every: int):
+    """A logits processor for graph-vs-eager comparisons: appends every ``every``-th logit of each step to
+    ``logs[seq.tag]`` and forces the next token to a fixed function of (tag, output length), so two engines
+    feed the same tokens whatever their logits."""
+
+    def record(seq, logits):
+        logs.setdefault(seq.tag, []).append(logits[::every].clone())
+        forced = logits.new_full(logits.shape, -1e9)
+        forced[(seq.tag * 7919 + len(seq.output_ids) * 104729) % logits.numel()] = 0.0
+        return forced
+
+    return record
+
+
 def data_file(rel: str) -> Path:
     """A file under the shared data folder; skips the test when it is not there."""
     p = DATA / rel

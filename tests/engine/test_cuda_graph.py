@@ -6,14 +6,9 @@ import pytest
 import torch
 
 from engine.cuda_graph import default_buckets
+from tests.conftest import TINY_MOSS, teacher_forcing
 
 CUDA = torch.cuda.is_available()
-
-TINY_MOSS = {  # Qwen3 attention shape (16 q / 8 kv heads x 128), two layers, small encoder
-    "text_config": {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512},
-    "audio_config": {"d_model": 64, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 128},
-    "init_std": 0.05,
-}
 
 
 def test_default_buckets():
@@ -46,11 +41,7 @@ def test_graph_replay_matches_eager_and_padding_is_harmless():
         free0 = eng.allocator.num_free
         logs: dict[int, list[torch.Tensor]] = {}
 
-        def record(seq, logits, logs=logs):
-            logs.setdefault(seq.tag, []).append(logits[::16].clone())
-            forced = torch.full_like(logits, -1e9)
-            forced[(seq.tag * 7919 + len(seq.output_ids) * 104729) % logits.numel()] = 0.0  # teacher forcing
-            return forced
+        record = teacher_forcing(logs, 16)
 
         gen.manual_seed(0)
         seqs = []

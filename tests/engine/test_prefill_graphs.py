@@ -18,16 +18,12 @@ import torch
 from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.moss_td_pipeline import build_moss_sequence
+from tests.conftest import TINY_MOSS, teacher_forcing
 
 CUDA = torch.cuda.is_available()
 if not CUDA:  # the graph-path test runs the Triton backend under the interpreter: set before kernels load
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-TINY_MOSS = {  # Qwen3 attention shape (16 q / 8 kv heads x 128), two layers, small encoder
-    "text_config": {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512},
-    "audio_config": {"d_model": 64, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 128},
-    "init_std": 0.05,
-}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -87,11 +83,7 @@ def test_prefill_graphs_match_eager_with_audio_arriving_during_decode():
         free0 = eng.allocator.num_free
         logs: dict[int, list[torch.Tensor]] = {}
 
-        def record(seq, logits, logs=logs):
-            logs.setdefault(seq.tag, []).append(logits[::7].clone())
-            forced = torch.full_like(logits, -1e9)
-            forced[(seq.tag * 7919 + len(seq.output_ids) * 104729) % logits.numel()] = 0.0  # teacher forcing
-            return forced
+        record = teacher_forcing(logs, 7)
 
         seqs = []
         for i in range(14):  # audio of 1-40 s (13-500 audio tokens) and text prompts, arriving in waves
