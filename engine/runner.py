@@ -126,21 +126,21 @@ class ModelRunner:
         pre_logits, pre_greedy = pg.replay(tail)  # own memory pool: the decode outputs stay intact
         return torch.cat([dec_logits, pre_logits]), torch.cat([dec_greedy, pre_greedy])
 
+    def _eager(self, batch: ForwardBatch) -> torch.Tensor:
+        self.attn.prepare(batch)
+        return self.model(batch, self.attn)
+
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits float32 ``[B, vocab]`` at each item's last new token."""
         out = self._replay(batch)
-        if out is not None:
-            return out[0]
-        self.attn.prepare(batch)
-        return self.model(batch, self.attn)
+        return out[0] if out is not None else self._eager(batch)
 
     @torch.inference_mode()
     def forward_greedy(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits as :meth:`forward` and their greedy ids int64 ``[B]`` (graphs compute both)."""
         out = self._replay(batch)
-        if out is not None:
-            return out
-        self.attn.prepare(batch)
-        logits = self.model(batch, self.attn)
-        return logits, logits.argmax(dim=-1)
+        if out is None:
+            logits = self._eager(batch)
+            out = (logits, logits.argmax(dim=-1))
+        return out
