@@ -18,7 +18,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.kv import CrossKVPool
 from engine.models.fused_weights import Fusable, fuse_linears
-from engine.ops import add_layer_norm, layer_norm
+from engine.ops import add_layer_norm, layer_norm, linear_gelu
 
 
 @dataclass
@@ -117,7 +117,7 @@ class WhisperEncoderLayer(Fusable):
         else:
             h, residual = add_layer_norm(x, residual, ln1.weight, ln1.bias, ln1.eps)
         h, residual = add_layer_norm(self.attention(h), residual, ln2.weight, ln2.bias, ln2.eps)
-        return self.fc2(F.gelu(self.fc1(h))), residual
+        return self.fc2(linear_gelu(h, self.fc1.weight, self.fc1.bias)), residual
 
 
 def conv_front_channels_last(mel: torch.Tensor, conv1: nn.Conv1d, conv2: nn.Conv1d) -> torch.Tensor:

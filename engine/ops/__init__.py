@@ -8,7 +8,9 @@ under ``TRITON_INTERPRET=1``.
 """
 
 from engine.ops.activation import silu_and_mul
+from engine.ops.linear import linear_gelu
 from engine.ops.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from engine.ops.rotary import qk_norm_rope
 
-__all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "qk_norm_rope", "rms_norm", "silu_and_mul"]
+__all__ = ["add_layer_norm", "add_rms_norm", "layer_norm", "linear_gelu", "qk_norm_rope", "rms_norm",
+           "silu_and_mul"]

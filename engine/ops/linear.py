@@ -1,4 +1,5 @@
-"""Linear layers of the decoder: our Triton GEMV for one-token steps, cuBLAS otherwise.
+"""Linear layers: our Triton GEMV for one-token decoder steps, a GEMM with a GELU epilogue for Whisper's
+encoder MLP, cuBLAS otherwise.
 
 On an H200 (benchmarks/bench_decode_ops.py) the GEMV beats cuBLAS at M = 1 on every Qwen3-0.6B matrix
 (o_proj 3.6 vs 12.8 us, down 4.6 vs 7.6, qkv 4.2 vs 5.4, gate_up 5.3 vs 6.1, lm_head 72 vs 78) but loses
@@ -27,3 +28,28 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             and kernels().gemv_supported(x.shape[0], x.shape[1])):
         return kernels().gemv(x, weight)
     return F.linear(x, weight)
+
+
+# Whisper's fc1 + GELU as one Triton GEMM with an erf epilogue (engine.ops.triton_gemm) on CUDA; False keeps
+# cuBLAS + a separate GELU. Set by EngineConfig.fused_gelu_gemm (process-wide, like GEMV_MAX_ROWS).
+FUSED_GELU_GEMM = True
+
+
+def linear_gelu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(x @ weight.T + bias)``, exact (erf) GELU, as ``transformers``' Whisper MLP rounds it: the
+    linear's output is rounded to x's dtype before the GELU. ``x`` ``[..., K]``, ``weight`` ``[N, K]``,
+    ``bias`` ``[N]`` -> ``[..., N]``."""
+    return F.gelu(F.linear(x, weight, bias))
+
+
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """As :func:`linear_gelu_reference`; on CUDA in bf16/fp16 one kernel
+    (:func:`engine.ops.triton_gemm.linear_gelu`: the GELU acts on the float32 accumulator, so there is one
+    rounding instead of two). ``x`` ``[..., K]`` with contiguous rows -> ``[..., N]``."""
+    if (FUSED_GELU_GEMM and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and bias is not None and x.shape[-1] % 64 == 0 and x.is_contiguous()):
+        from engine.ops import triton_gemm
+
+        y = triton_gemm.linear_gelu(x.view(-1, x.shape[-1]), weight, bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
+    return linear_gelu_reference(x, weight, bias)
