@@ -5,10 +5,11 @@ Sections (one JSON object, written to ``--out`` after each):
   gemm_gelu  Whisper-medium's fc1 + GELU at 1 and 8 windows (M = 1500, 12000; K = 1024, N = 4096), each
              variant timed with CUDA events (mean of 50 calls after warm-up) and its error against float32
              (inputs upcast, exact GELU): cuBLAS + separate erf GELU (the unfused path), cuBLAS alone (the
-             floor), cuBLASLt's fused GELU epilogue (``torch._addmm_activation``; tanh approximation), and
-             our Triton GEMM with an erf epilogue in each of ``engine.ops.triton_gemm.CONFIGS``.
+             floor) and cuBLASLt's fused GELU epilogue (``torch._addmm_activation``; tanh approximation).
+             At 75acd17 this also timed a Triton GEMM with an erf epilogue: 451 TFLOPS at M = 12000 vs
+             cuBLAS's 708, slower than GEMM + GELU, so it was dropped (diag_encoder_h200.json).
   encoder    the MOSS-TD encoder (dummy weights) at 1 and 8 windows, eager and graphs, with the fused
-             fc1 + GELU and without, and the largest output difference between the two.
+             fc1 + GELU (``engine.ops.linear.FUSED_GELU_GEMM``) and without, and the largest output difference between the two.
   w90        one 90-minute recording (180 windows) through the engine's encoder stage, under the torch
              profiler: wall phases, the encoder stream's kernel time and span, the host calls that took
              longest, and the same phase without the encoder cache (no host copy of the embeddings).
@@ -37,7 +38,6 @@ from engine.encoder_cache import EncoderCache
 from engine.encoder_graphs import EncoderGraphs
 from engine.loaders.registry import load_model
 from engine.ops import linear as engine_linear
-from engine.ops import triton_gemm
 
 SR = 16_000
 
@@ -79,9 +79,6 @@ def gemm_gelu() -> dict:
             "cublas_only": lambda x=x: F.linear(x, w, b),
             "cublaslt_gelu_tanh_epilogue": lambda x=x: torch._addmm_activation(b, x, w.t(), use_gelu=True),
         }
-        for cfg in triton_gemm.CONFIGS:
-            variants["triton_erf_" + "x".join(map(str, cfg))] = (
-                lambda x=x, cfg=cfg: triton_gemm.linear_gelu(x, w, b, cfg))
         rows = {}
         for name, fn in variants.items():
             try:
@@ -91,7 +88,7 @@ def gemm_gelu() -> dict:
                 if name != "cublas_only":
                     err = (y.float() - exact).abs()
                     row.update(max_abs_err=err.max().item(), mean_abs_err=err.mean().item())
-            except Exception as e:  # a config that does not compile or fit is reported, not fatal
+            except Exception as e:  # noqa: BLE001 -- a variant that fails is reported, not fatal
                 row = {"error": f"{type(e).__name__}: {e}"[:300]}
             rows[name] = row
             print("gemm_gelu", m, name, json.dumps(row), flush=True)
@@ -129,7 +126,8 @@ def encoder(model) -> dict:
 
 
 def _w90_once(engine, wave: np.ndarray, profile: bool) -> dict:
-    from torch.profiler import ProfilerActivity, profile as tprofile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
 
     seq = request(engine, wave, 1)
     torch.cuda.synchronize()

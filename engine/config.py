@@ -32,6 +32,9 @@ class EngineConfig:
         small_batch_gemv: single-token steps (decode at batch 1) run the decoder's matrix products through
             our Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS: 1.1-3.6x
             faster per matrix on an H200 at M = 1, slower from M = 2-4 on (bench_decode_ops). Process-wide.
+        fused_gelu_gemm: Whisper encoder MLPs run fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue
+            (tanh form; :func:`engine.ops.linear.linear_gelu` states the error) instead of a GEMM and an
+            exact GELU pass (CUDA, half precision). Process-wide.
         async_decode: launch each step before the host has read the previous step's tokens
             (:mod:`engine.overlap`; greedy; steps with a logits processor still run synchronously).
             ``None``: on for CUDA (hides the host's per-step work: W-short c16 884 vs 658 audio-s/s on an
@@ -67,6 +70,7 @@ class EngineConfig:
     prefill_graph_max_items: int = 32
     async_decode: bool | None = None
     small_batch_gemv: bool = True
+    fused_gelu_gemm: bool = True
     stream_interval_s: float = 0.05
     threads: int | None = None
     seed: int = 0

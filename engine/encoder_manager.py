@@ -18,8 +18,10 @@ one eager pass also ran out of memory at a peer (``shared/docs/moss_td.md`` §4,
 * Cache: the key (:func:`engine.encoder_cache.audio_fingerprint`) is computed in ``Engine.submit`` on the
   caller's thread, before any mel. A hit is copied back from host memory asynchronously and skips the
   encoder; a recording identical to one being encoded waits for that one instead (encoded once). Each
-  encoded recording's embeddings are copied to (pinned) host memory in the same launch and stored when
-  its event completes.
+  encoded recording's embeddings are copied to pinned host memory in the same launch and stored when
+  its event completes. That pinned buffer is allocated on the caller's thread too: pinning is slow
+  (``cudaHostAlloc`` took 109 ms for a 90-minute recording's 138 MB on an H200), and on the loop it held
+  up the hand-over and every running decode.
 
 Models opt in by providing ``window_mel``, ``audio_encoder``, ``merge_and_adapt`` and ``attach_audio``
 (MOSS-TD). Other models (Whisper: its encoder output goes straight into the cross-attention rows of
@@ -59,7 +61,7 @@ class _Job:
     windows: torch.Tensor | None = None  # float32 [W, 480000] on the device, zero-padded
     states: torch.Tensor | None = None  # [W, 1500, d] encoder outputs
     emb: torch.Tensor | None = None  # [N, hidden] embeddings, set by the launch of the last window
-    host: torch.Tensor | None = None  # host copy of ``emb`` for the cache
+    host: torch.Tensor | None = None  # host copy of ``emb`` for the cache (pinned buffer from the submit)
 
     @property
     def num_windows(self) -> int:
@@ -104,6 +106,12 @@ class EncoderManager:
         self.model_id = model_id
         self.encoder_fn = encoder_fn if encoder_fn is not None else getattr(model, "audio_encoder", None)
         self.max_microbatch = max(graphs.buckets) if graphs is not None and graphs.graphs else window_budget
+        # (hidden, dtype) of the embeddings, for the pinned buffer made at submit: merge_and_adapt of no
+        # windows returns an empty [0, hidden] tensor of the model's dtype.
+        self.emb_spec = None
+        if self.enabled:
+            empty = model.merge_and_adapt(torch.empty(0, device=device), [])
+            self.emb_spec = (int(empty.shape[-1]), empty.dtype)
         self.queue: deque[_Job] = deque()  # windows not yet launched, arrival order
         self.copies: deque[_Job] = deque()  # cache hits waiting for their copy back
         self.inflight: deque[_Launch] = deque()
@@ -137,8 +145,9 @@ class EncoderManager:
 
     # -- requests ------------------------------------------------------------------------------------
     def on_submit(self, seq: Sequence) -> None:
-        """On the submitting thread: pin the waveform (CUDA) and compute its cache key, so neither the
-        hash nor a pageable copy runs on the engine loop."""
+        """On the submitting thread: pin the waveform (CUDA), compute its cache key and pin the host buffer
+        its embeddings will be cached in, so neither the hash nor any pinning or pageable copy runs on the
+        engine loop."""
         if not self.enabled or "audio" not in seq.mm_inputs:
             return
         wave = torch.as_tensor(seq.mm_inputs["audio"]).flatten().to(torch.float32)
@@ -147,6 +156,10 @@ class EncoderManager:
         seq.mm_inputs["audio"] = wave
         if self.cache.enabled:
             seq.mm_state["audio_key"] = audio_fingerprint(wave, self.model_id)
+            if self.device.type == "cuda":
+                hidden, dtype = self.emb_spec
+                n = sum(window_token_counts(int(wave.numel())))
+                seq.mm_state["audio_host"] = torch.empty((n, hidden), dtype=dtype, pin_memory=True)
 
     def add(self, seq: Sequence) -> bool:
         """Take a new sequence if it has audio to encode; False leaves it to the scheduler as is."""
@@ -154,6 +167,7 @@ class EncoderManager:
             return False
         wave = torch.as_tensor(seq.mm_inputs.pop("audio")).flatten().to(torch.float32)
         key = seq.mm_state.pop("audio_key", None)
+        host_buf = seq.mm_state.pop("audio_host", None)
         if key is None and self.cache.enabled:
             key = audio_fingerprint(wave, self.model_id)
         job = self.by_key.get(key) if key is not None else None
@@ -167,6 +181,7 @@ class EncoderManager:
                 job.cached, job.host = True, host
                 self.copies.append(job)
             else:
+                job.host = host_buf
                 self.queue.append(job)
             if key is not None:
                 self.by_key[key] = job
@@ -262,7 +277,9 @@ class EncoderManager:
                 job.emb = self.model.merge_and_adapt(job.states, job.counts)
                 job.windows = job.states = None
                 if job.key is not None and self.cache.enabled:
-                    job.host = self._to_host(job.emb)
+                    job.host = self._to_host(job.emb, job.host)
+                else:
+                    job.host = None
                 finishing.append(job)
         self._record(finishing, n)
         self.counters["encoder_windows"] += n
@@ -274,12 +291,15 @@ class EncoderManager:
             return self.graphs(x)
         return self.encoder_fn(self.model.window_mel(x))
 
-    def _to_host(self, emb: torch.Tensor) -> torch.Tensor:
+    def _to_host(self, emb: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+        """Start copying ``emb`` into ``buf`` (the pinned buffer made at submit) or, when that is missing or
+        of another shape, a new pinned one; the copy is done when this launch's event completes."""
         if emb.device.type != "cuda":
             return emb.clone()
-        host = torch.empty(emb.shape, dtype=emb.dtype, pin_memory=True)
-        host.copy_(emb, non_blocking=True)  # done when this launch's event completes
-        return host
+        if buf is None or buf.shape != emb.shape or buf.dtype != emb.dtype:
+            buf = torch.empty(emb.shape, dtype=emb.dtype, pin_memory=True)
+        buf.copy_(emb, non_blocking=True)
+        return buf
 
     def _launch_copy(self, job: _Job) -> None:
         cuda = self.device.type == "cuda"

@@ -56,6 +56,7 @@ class Engine:
         self.device = torch.device(cfg.device)
         self.loaded = loaded or load_model(cfg)
         engine_linear.GEMV_MAX_ROWS = 1 if cfg.small_batch_gemv else 0
+        engine_linear.FUSED_GELU_GEMM = cfg.fused_gelu_gemm
         self.model = self.loaded.model
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype

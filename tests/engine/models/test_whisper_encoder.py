@@ -174,3 +174,27 @@ def test_cuda_fused_encoder_error_matches_plain_bf16_error():
           "plain", err_plain.mean().item(), err_plain.max().item())
     assert err_ours.mean() < 1.25 * err_plain.mean()
     assert err_ours.max() < 2.0 * err_plain.max() + 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+@pytest.mark.parametrize("m,k,n", [(1, 64, 128), (37, 384, 1536), (1500, 1024, 4096), (3001, 1280, 5120)])
+def test_cuda_linear_gelu_epilogue_errs_no_more_than_the_reference(m, k, n):
+    """cuBLASLt's GELU epilogue (tanh form, one rounding) vs the reference (GEMM rounded to bf16, then
+    exact GELU), both against float32 with the exact GELU: the fused error is at most the reference's."""
+    from engine.ops import linear as ops_linear
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(2, m, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 1.5 / k**0.5).bfloat16()
+    b = (torch.randn(n, device="cuda", generator=g) * 0.5).bfloat16()
+    exact = F.gelu(x.float() @ w.float().T + b.float())
+    fused = ops_linear.linear_gelu(x, w, b)
+    ref = ops_linear.linear_gelu_reference(x, w, b)
+    assert fused.shape == (2, m, n) and fused.dtype == torch.bfloat16
+    err_fused, err_ref = (fused.float() - exact).abs(), (ref.float() - exact).abs()
+    print(f"{m}x{k}x{n}: mean/max |err| fused {err_fused.mean():.2e}/{err_fused.max():.2e}, "
+          f"reference {err_ref.mean():.2e}/{err_ref.max():.2e}")
+    assert err_fused.mean() <= err_ref.mean() * 1.05
+    assert err_fused.max() <= err_ref.max() + 2e-3
