@@ -10,9 +10,6 @@ Sections (one JSON object, written to ``--out`` after each):
              cuBLAS's 708, slower than GEMM + GELU, so it was dropped (diag_encoder_h200.json).
   encoder    the MOSS-TD encoder (dummy weights) at 1 and 8 windows, eager and graphs, with the fused
              fc1 + GELU (``engine.ops.linear.FUSED_GELU_GEMM``) and without, and the largest output difference between the two.
-  carveout   W-short c64 (800 distinct 12 s clips, 60 tokens, cold cache) and a burst of 64 requests
-             next to 16 decoding, on engines whose encoder graphs leave 0, 16, 32 or 48 SMs to the steps
-             (``EngineConfig.encoder_sm_carveout``), plus c16 at the best non-zero carve-out.
   w90        one 90-minute recording (180 windows) through the engine's encoder stage, under the torch
              profiler: wall phases, the encoder stream's kernel time and span, the host calls that took
              longest, and the same phase without the encoder cache (no host copy of the embeddings).
@@ -35,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_encoder import EncoderTimer, burst, request, w_short
+from benchmarks.bench_encoder import request
 from engine import Engine, EngineConfig
 from engine.encoder_cache import EncoderCache
 from engine.encoder_graphs import EncoderGraphs
@@ -185,29 +182,6 @@ def w90(engine) -> dict:
     return res
 
 
-def carveout(loaded, cfg_kw: dict, values=(0, 16, 32, 48)) -> dict:
-    import gc
-
-    base = (np.random.default_rng(0).standard_normal(12 * SR) * 0.1).astype(np.float32)
-    res: dict = {}
-    for i, sms in enumerate(values):
-        engine = Engine(EngineConfig(**cfg_kw, encoder_sm_carveout=sms), loaded=loaded)
-        timer = EncoderTimer(engine.encoder)
-        w_short(engine, timer, base[::-1].copy(), 32, 8, 16)  # warm-up
-        r = {"c64": w_short(engine, timer, base + 0.01 * (i + 1), 800, 60, 64)}
-        r["burst"] = burst(engine, base + 0.01 * (i + 1) + 0.001, 100_000 + 1000 * i, True)
-        if sms == values[1]:
-            r["c16"] = w_short(engine, timer, base + 0.02 * (i + 1), 800, 60, 16)
-        res[sms] = r
-        print("carveout", sms, json.dumps({k: {kk: v[kk] for kk in ("audio_s_per_s", "max_token_gap_running_ms",
-                                                                  "encoder_share") if kk in v}
-                                            for k, v in r.items()}), flush=True)
-        del engine, timer
-        gc.collect()
-        torch.cuda.empty_cache()
-    return res
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commit", default="")
@@ -226,15 +200,11 @@ def main() -> None:
     if "gemm_gelu" in sections:
         res["gemm_gelu"] = gemm_gelu()
         save()
-    if {"encoder", "w90", "carveout"} & set(sections):
-        cfg_kw = {"model": "moss-td", "load_format": "dummy", "device": "cuda", "dtype": "bfloat16",
-                  "attention_backend": "triton", "max_running_requests": 64, "kv_memory_fraction": 0.3,
-                  "seed": 0}
-        cfg = EngineConfig(**cfg_kw)
+    if "encoder" in sections or "w90" in sections:
+        cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
+                           attention_backend="triton", max_running_requests=64, kv_memory_fraction=0.6,
+                           seed=0)
         loaded = load_model(cfg)
-        if "carveout" in sections:
-            res["carveout"] = carveout(loaded, cfg_kw)
-            save()
         if "encoder" in sections:
             res["encoder"] = encoder(loaded.model)
             save()

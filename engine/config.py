@@ -49,8 +49,6 @@ class EngineConfig:
             eager). ``encoder_graph_min_free_bytes``: free device memory required to capture each one.
         encoder_compile: ``torch.compile`` the encoder (default mode; never ``reduce-overhead``).
         encoder_stream: run the encoder on its own CUDA stream, overlapping decode steps.
-        encoder_sm_carveout: SMs the encoder's cuBLASLt GEMMs leave to the steps' stream
-            (:func:`engine.encoder_graphs.matmul_sm_carveout`; fixed when the encoder graphs are captured).
         priority_stream: run the engine's steps on a CUDA stream of the highest priority (the encoder
             stream keeps the lowest), so queued decode kernels are dispatched ahead of the encoder's.
     """
@@ -83,5 +81,4 @@ class EngineConfig:
     encoder_graph_min_free_bytes: int = 3 << 30
     encoder_compile: bool = False
     encoder_stream: bool = True
-    encoder_sm_carveout: int = 0
     priority_stream: bool = True

@@ -19,9 +19,7 @@ corrupted memory next to other CUDA graphs in SGLang-Omni (#1046).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -41,27 +39,6 @@ def compile_encoder(encoder: torch.nn.Module, max_specializations: int) -> Calla
     return torch.compile(encoder, dynamic=False)
 
 
-@contextlib.contextmanager
-def matmul_sm_carveout(sms: int):
-    """Inside: cuBLASLt GEMMs target ``multiProcessorCount - sms`` SMs (``CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET``
-    through torch's experimental, process-wide ``_set_sm_carveout_experimental``; torch warns that it may be
-    removed, so where it is missing this does nothing). Why: cuBLAS's Hopper GEMMs are persistent, one
-    CTA per SM for the whole GEMM, so an encoder GEMM left no SM free for a decode step's kernels on the
-    other stream until it ended, whatever the streams' priorities. 0: no carve-out."""
-    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
-    if not sms or setter is None:
-        yield
-        return
-    old = torch._C._get_sm_carveout_experimental()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*SM carveout.*")
-        setter(sms)
-    try:
-        yield
-    finally:
-        setter(old)
-
-
 class EncoderGraphs:
     """Captured encoder graphs by window count.
 
@@ -71,12 +48,10 @@ class EncoderGraphs:
         device: the CUDA device.
         buckets: window counts to capture (exact; a count without a graph runs eagerly).
         min_free_bytes: free device memory required before each capture.
-        sm_carveout: SMs the graphs' cuBLASLt GEMMs leave free (:func:`matmul_sm_carveout`).
     """
 
     def __init__(self, mel_fn: Callable, encoder_fn: Callable, device: torch.device, buckets: list[int],
-                 min_free_bytes: int = 3 << 30, sm_carveout: int = 0) -> None:
-        self.sm_carveout = sm_carveout
+                 min_free_bytes: int = 3 << 30) -> None:
         self.mel_fn = mel_fn
         self.encoder_fn = encoder_fn
         self.device = device
@@ -102,15 +77,14 @@ class EncoderGraphs:
         """
         if not self.buckets:
             return
-        with matmul_sm_carveout(self.sm_carveout):  # the GEMMs' grids are fixed at capture
-            try:
-                self._capture_all(stream)
-            except RuntimeError as e:  # e.g. an FFT that cannot be captured on this stack
-                log.warning("encoder graph capture with the mel failed (%s); capturing from the mel", e)
-                self.graphs.clear()
-                torch.cuda.synchronize(self.device)
-                self.mel_in_graph = False
-                self._capture_all(stream)
+        try:
+            self._capture_all(stream)
+        except RuntimeError as e:  # e.g. an FFT that cannot be captured on this stack
+            log.warning("encoder graph capture with the mel failed (%s); capturing from the mel", e)
+            self.graphs.clear()
+            torch.cuda.synchronize(self.device)
+            self.mel_in_graph = False
+            self._capture_all(stream)
         log.info("captured encoder CUDA graphs for window counts %s (mel in graph: %s; skipped %s)",
                  sorted(self.graphs), self.mel_in_graph, self.skipped)
 

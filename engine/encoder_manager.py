@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.encoder_cache import EncoderCache, audio_fingerprint
-from engine.encoder_graphs import CHUNK_SAMPLES, EncoderGraphs, compile_encoder, matmul_sm_carveout
+from engine.encoder_graphs import CHUNK_SAMPLES, EncoderGraphs, compile_encoder
 from engine.models.moss_td_prompt import window_token_counts
 from engine.request import Sequence
 
@@ -137,7 +137,7 @@ class EncoderManager:
         mgr.stream = torch.cuda.Stream(dev) if cfg.encoder_stream else None
         if buckets:
             graphs = EncoderGraphs(model.window_mel, mgr.encoder_fn, dev, buckets,
-                                   cfg.encoder_graph_min_free_bytes, cfg.encoder_sm_carveout)
+                                   cfg.encoder_graph_min_free_bytes)
             graphs.capture(mgr.stream)
             mgr.graphs = graphs
             mgr.max_microbatch = max(graphs.graphs, default=cfg.encoder_window_budget)
@@ -289,8 +289,7 @@ class EncoderManager:
         if self.graphs is not None and x.shape[0] in self.graphs:
             self.counters["encoder_graph_replays"] += 1
             return self.graphs(x)
-        with matmul_sm_carveout(self.graphs.sm_carveout if self.graphs is not None else 0):
-            return self.encoder_fn(self.model.window_mel(x))
+        return self.encoder_fn(self.model.window_mel(x))
 
     def _to_host(self, emb: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
         """Start copying ``emb`` into ``buf`` (the pinned buffer made at submit) or, when that is missing or
