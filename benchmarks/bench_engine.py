@@ -39,6 +39,7 @@ from bench_baselines import (
 )
 
 from engine import Engine, EngineConfig, Sequence
+from engine.attention.triton_ops import decode as decode_ops
 from engine.moss_td_pipeline import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
@@ -73,6 +74,10 @@ def make_engine(args) -> Engine:
         cfg.encoder_stream = False
     if getattr(args, "encoder_window_budget", None):
         cfg.encoder_window_budget = args.encoder_window_budget
+    if getattr(args, "prefill_buckets", ""):
+        cfg.prefill_graph_tokens = tuple(int(t) for t in args.prefill_buckets.split(","))
+    if getattr(args, "single_split_min_programs", None) is not None:
+        decode_ops.SINGLE_SPLIT_MIN_PROGRAMS = args.single_split_min_programs
     return Engine(cfg)
 
 
@@ -261,6 +266,9 @@ def main() -> None:
     ap.add_argument("--no-priority-stream", action="store_true", help="steps on the default stream")
     ap.add_argument("--no-encoder-stream", action="store_true", help="the encoder on the steps' stream")
     ap.add_argument("--encoder-window-budget", type=int, default=None, help="EngineConfig.encoder_window_budget")
+    ap.add_argument("--prefill-buckets", default="", help="EngineConfig.prefill_graph_tokens, comma-separated")
+    ap.add_argument("--single-split-min-programs", type=int, default=None,
+                    help="engine.attention.triton_ops.decode.SINGLE_SPLIT_MIN_PROGRAMS")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

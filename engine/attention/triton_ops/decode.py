@@ -31,12 +31,13 @@ def _split_range(seq_len, sid, fill_splits, MIN_SPLIT: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, Table, Rows, SeqLens, PartO, PartLse,
+    Q, K, V, Table, Rows, SeqLens, PartO, PartLse, O,
     qk_scale, fill_splits,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_TABLE: tl.constexpr, DOT_PREC: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -74,9 +75,13 @@ def _decode_stage1(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             m_i = m_new
         out = acc / l_i[:, None]
-        po = PartO + b * stride_pb + heads[:, None] * stride_ph + sid * stride_ps + offs_d[None, :]
-        tl.store(po, out, mask=hmask[:, None] & dmask[None, :])
-        tl.store(PartLse + b * stride_lb + heads * stride_lh + sid, m_i + tl.log2(l_i), mask=hmask)
+        if DIRECT:  # one split: this is the whole softmax, so it is the output (stage 2 would copy it)
+            po = O + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(po, out.to(O.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
+        else:
+            po = PartO + b * stride_pb + heads[:, None] * stride_ph + sid * stride_ps + offs_d[None, :]
+            tl.store(po, out, mask=hmask[:, None] & dmask[None, :])
+            tl.store(PartLse + b * stride_lb + heads * stride_lh + sid, m_i + tl.log2(l_i), mask=hmask)
 
 
 @triton.jit
@@ -102,13 +107,22 @@ def _decode_stage2(
     tl.store(O + b * stride_ot + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=dmask)
 
 
+# Batches with at least this many (sequence, KV head) programs run one split per sequence: stage 1 then
+# writes the output and stage 2 is not launched. 0: off. Process-wide (set by benchmarks to compare).
+SINGLE_SPLIT_MIN_PROGRAMS = 0
+
+
 def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
                            per_sm: int = 4) -> int:
     """Most splits per sequence worth launching: enough programs for about ``per_sm`` per SM (132 on an
-    H200), capped at ``max_splits``. Depends only on the (padded) batch size, so it is fixed per graph
-    bucket. Four per SM, measured on an H200 (bf16, 8 KV heads, benchmarks/bench_decode_ops.py): batch 1
-    at 35K keys takes 42 us per layer with 64 splits against 51 us with 32 (3.4 vs 2.8 TB/s)."""
-    want = -(-per_sm * num_sms // max(1, batch_size * num_kv_heads))
+    H200), capped at ``max_splits``; 1 from ``SINGLE_SPLIT_MIN_PROGRAMS`` programs on. Depends only on the
+    (padded) batch size, so it is fixed per graph bucket. Four per SM, measured on an H200 (bf16, 8 KV
+    heads, benchmarks/bench_decode_ops.py): batch 1 at 35K keys takes 42 us per layer with 64 splits
+    against 51 us with 32 (3.4 vs 2.8 TB/s)."""
+    programs = max(1, batch_size * num_kv_heads)
+    if SINGLE_SPLIT_MIN_PROGRAMS and programs >= SINGLE_SPLIT_MIN_PROGRAMS:
+        return 1
+    want = -(-per_sm * num_sms // programs)
     return max(1, min(max_splits, want))
 
 
@@ -152,15 +166,19 @@ def decode_attention(
     tbl = table if use_table else rows
     stride_tr = table.stride(0) if use_table else src_len
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    direct = fill_splits == 1
     _decode_stage1[(bsz, hkv, fill_splits)](
-        q, k_buf, v_buf, tbl, rows, seq_lens, part_o, part_lse,
+        q, k_buf, v_buf, tbl, rows, seq_lens, part_o, part_lse, out,
         sm_scale * _LOG2E, fill_splits,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), stride_tr,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec,
+        HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec, DIRECT=direct,
         num_warps=num_warps, num_stages=num_stages,
     )
+    if direct:
+        return out
     _decode_stage2[(bsz, hq)](
         part_o, part_lse, seq_lens, out, fill_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),

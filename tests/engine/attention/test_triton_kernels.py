@@ -101,6 +101,8 @@ def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n):
 def test_decode_interpreter(lens, hq, hkv, d, dtype):
     # fill 4 with 32-token splits: length 1 and 5 leave 3 empty splits, 300 uses all 4.
     _decode_case(lens, hq, hkv, d, dtype, fill=4, max_splits=8, min_split=32, block_n=16)
+    # one split: stage 1 writes the output itself and stage 2 is not launched
+    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=8, min_split=32, block_n=16)
 
 
 @pytest.mark.gpu
@@ -110,6 +112,7 @@ def test_decode_gpu(lens, hq, hkv, d, dtype):
     fill = decode_splits_for_fill(len(lens), hkv, 32)
     _decode_case(lens, hq, hkv, d, dtype, fill=fill, max_splits=32, min_split=256, block_n=64)
     _decode_case(lens, hq, hkv, d, dtype, fill=32, max_splits=32, min_split=64, block_n=64)  # many empty
+    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=32, min_split=256, block_n=64)  # no stage 2
 
 
 # -- extend ------------------------------------------------------------------------------------------
