@@ -76,8 +76,8 @@ def make_engine(args) -> Engine:
         cfg.encoder_window_budget = args.encoder_window_budget
     if getattr(args, "prefill_buckets", ""):
         cfg.prefill_graph_tokens = tuple(int(t) for t in args.prefill_buckets.split(","))
-    if getattr(args, "single_split_min_programs", None) is not None:
-        decode_ops.SINGLE_SPLIT_MIN_PROGRAMS = args.single_split_min_programs
+    if getattr(args, "single_split_per_sm", None) is not None:
+        decode_ops.SINGLE_SPLIT_PROGRAMS_PER_SM = args.single_split_per_sm
     return Engine(cfg)
 
 
@@ -267,8 +267,8 @@ def main() -> None:
     ap.add_argument("--no-encoder-stream", action="store_true", help="the encoder on the steps' stream")
     ap.add_argument("--encoder-window-budget", type=int, default=None, help="EngineConfig.encoder_window_budget")
     ap.add_argument("--prefill-buckets", default="", help="EngineConfig.prefill_graph_tokens, comma-separated")
-    ap.add_argument("--single-split-min-programs", type=int, default=None,
-                    help="engine.attention.triton_ops.decode.SINGLE_SPLIT_MIN_PROGRAMS")
+    ap.add_argument("--single-split-per-sm", type=int, default=None,
+                    help="engine.attention.triton_ops.decode.SINGLE_SPLIT_PROGRAMS_PER_SM (0: off)")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

@@ -107,20 +107,21 @@ def _decode_stage2(
     tl.store(O + b * stride_ot + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=dmask)
 
 
-# Batches with at least this many (sequence, KV head) programs run one split per sequence: stage 1 then
-# writes the output and stage 2 is not launched. 0: off. Process-wide (set by benchmarks to compare).
-SINGLE_SPLIT_MIN_PROGRAMS = 0
+# Batches with at least this many (sequence, KV head) programs per SM run one split per sequence: stage 1
+# then writes the output and stage 2 is not launched. On an H200, W-short c64 (batch ~56, ~300 keys):
+# 2,571 vs 2,489 audio-s/s (benchmarks/results/wshort_split_variants_h200.json). 0: off. Process-wide.
+SINGLE_SPLIT_PROGRAMS_PER_SM = 2
 
 
 def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
                            per_sm: int = 4) -> int:
     """Most splits per sequence worth launching: enough programs for about ``per_sm`` per SM (132 on an
-    H200), capped at ``max_splits``; 1 from ``SINGLE_SPLIT_MIN_PROGRAMS`` programs on. Depends only on the
-    (padded) batch size, so it is fixed per graph bucket. Four per SM, measured on an H200 (bf16, 8 KV
-    heads, benchmarks/bench_decode_ops.py): batch 1 at 35K keys takes 42 us per layer with 64 splits
-    against 51 us with 32 (3.4 vs 2.8 TB/s)."""
+    H200), capped at ``max_splits``; 1 once the batch alone gives ``SINGLE_SPLIT_PROGRAMS_PER_SM`` programs
+    per SM. Depends only on the (padded) batch size, so it is fixed per graph bucket. Four per SM,
+    measured on an H200 (bf16, 8 KV heads, benchmarks/bench_decode_ops.py): batch 1 at 35K keys takes
+    42 us per layer with 64 splits against 51 us with 32 (3.4 vs 2.8 TB/s)."""
     programs = max(1, batch_size * num_kv_heads)
-    if SINGLE_SPLIT_MIN_PROGRAMS and programs >= SINGLE_SPLIT_MIN_PROGRAMS:
+    if SINGLE_SPLIT_PROGRAMS_PER_SM and programs >= SINGLE_SPLIT_PROGRAMS_PER_SM * num_sms:
         return 1
     want = -(-per_sm * num_sms // programs)
     return max(1, min(max_splits, want))

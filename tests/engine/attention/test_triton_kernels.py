@@ -194,9 +194,19 @@ def test_fill_splits_heuristic():
     assert decode_splits_for_fill(1, 8, 64) == 64  # 8 programs per split: use every split
     assert decode_splits_for_fill(1, 8, 32) == 32
     assert decode_splits_for_fill(16, 8, 64) == 5  # ceil(4 x 132 / 128)
-    assert decode_splits_for_fill(64, 8, 64) == 2
+    assert decode_splits_for_fill(32, 8, 64) == 3  # 256 programs: below 2 per SM
+    assert decode_splits_for_fill(33, 8, 64) == 1  # 264 = 2 x 132: one split, no stage 2
+    assert decode_splits_for_fill(64, 8, 64) == 1
     assert decode_splits_for_fill(0, 8, 64) == 64
     assert decode_splits_for_fill(16, 8, 64, per_sm=2) == 3
+
+
+def test_fill_splits_heuristic_without_single_split(monkeypatch):
+    from engine.attention.triton_ops import decode
+
+    monkeypatch.setattr(decode, "SINGLE_SPLIT_PROGRAMS_PER_SM", 0)
+    assert decode_splits_for_fill(64, 8, 64) == 2  # ceil(4 x 132 / 512)
+    assert decode_splits_for_fill(200, 8, 64) == 1
 
 
 # -- backend -----------------------------------------------------------------------------------------
