@@ -88,8 +88,11 @@ def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n):
     out = torch.full_like(q, float("nan"))
     seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
     scale = 1 / math.sqrt(d)
+    po = torch.full((len(lens), hq, max_splits, d), 7.0, device=DEV)  # sentinels: one split writes no partials
+    pl = torch.full((len(lens), hq, max_splits), 7.0, device=DEV)
     decode_attention(q, k, v, rows, seq, out, sm_scale=scale, table=table, fill_splits=fill,
-                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n)
+                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, part_o=po, part_lse=pl)
+    assert (fill == 1) == bool((po == 7.0).all() and (pl == 7.0).all())
     for i, n in enumerate(lens):
         ks, vs = seq_kv(k, v, table, i + 1, n)
         ref = reference_attention(q[i : i + 1], ks, vs, n - 1, scale)
@@ -181,10 +184,15 @@ def test_cross_direct_addressing():
     ext = torch.tensor([3, 2], dtype=torch.int32, device=DEV)
     extend_attention(qe, kb, vb, oute, rows, lens, ext, qo, 3, sm_scale=d**-0.5, src_len=src, causal=False,
                      block_m=16, block_n=16)
+    out1 = torch.full_like(q, float("nan"))  # one split: stage 1 writes the output, no stage 2
+    po, pl = torch.full((2, h, 8, d), 7.0, device=DEV), torch.full((2, h, 8), 7.0, device=DEV)
+    decode_attention(q, kb, vb, rows, lens, out1, sm_scale=d**-0.5, src_len=src, fill_splits=1, max_splits=8,
+                     min_split_tokens=16, block_n=16, part_o=po, part_lse=pl)
+    assert bool((po == 7.0).all() and (pl == 7.0).all())
     for i, r in enumerate([3, 1]):
         ref = torch.nn.functional.scaled_dot_product_attention(
             q[i][:, None], ck[r].transpose(0, 1), cv[r].transpose(0, 1))[:, 0]
-        assert rel_err(out[i], ref) < TOL[torch.float32]
+        assert rel_err(out[i], ref) < TOL[torch.float32] and rel_err(out1[i], ref) < TOL[torch.float32]
         qi = qe[int(qo[i]) : int(qo[i]) + int(ext[i])].transpose(0, 1)
         ref = torch.nn.functional.scaled_dot_product_attention(qi, ck[r].transpose(0, 1), cv[r].transpose(0, 1))
         assert rel_err(oute[int(qo[i]) : int(qo[i]) + int(ext[i])], ref.transpose(0, 1)) < TOL[torch.float32]
@@ -226,9 +234,11 @@ def _clone(kv: KVPool) -> KVPool:
     return other
 
 
-def test_backend_matches_reference_mixed_step_and_graph_metadata():
+@pytest.mark.parametrize("num_sms", [None, 1])
+def test_backend_matches_reference_mixed_step_and_graph_metadata(num_sms):
     """One step with decodes and prefill chunks (self + cross attention), then a decode step through the
-    static graph buffers with padded rows: both equal the reference backend; padding writes slot 0 only."""
+    static graph buffers with padded rows: both equal the reference backend; padding writes slot 0 only.
+    ``num_sms=1`` makes every decode a single split (stage 1 writes the output, no stage 2)."""
     from engine.attention.base import ForwardBatch
 
     gen = torch.Generator(device=DEV).manual_seed(11)
@@ -252,12 +262,13 @@ def test_backend_matches_reference_mixed_step_and_graph_metadata():
         seq_lens=prefix + ext, qo_indptr=qo, logits_indices=qo[1:] - 1)
     ref_kv = _clone(kv)
     ref = TorchReferenceBackend(ref_kv, table, cross, sm_scale=d**-0.5)
-    tri = TritonBackend(kv, table, cross, max_splits=8, min_split_tokens=16)
+    tri = TritonBackend(kv, table, cross, max_splits=8, min_split_tokens=16, num_sms=num_sms)
     q = torch.randn(t, hq, d, generator=gen, device=DEV).to(dtype)
     k = torch.randn(t, hkv, d, generator=gen, device=DEV).to(dtype)
     v = torch.randn(t, hkv, d, generator=gen, device=DEV).to(dtype)
     ref.prepare(batch)
     tri.prepare(batch)
+    assert (tri.meta.fill == 1) == (num_sms == 1)
     for layer in (0, 1):
         assert rel_err(tri.forward(layer, q, k, v), ref.forward(layer, q, k, v)) < TOL[dtype]
         assert rel_err(tri.cross_forward(layer, q), ref.cross_forward(layer, q)) < TOL[dtype]
@@ -277,6 +288,7 @@ def test_backend_matches_reference_mixed_step_and_graph_metadata():
         qo_indptr=torch.arange(4), logits_indices=torch.arange(3))
     tri.init_graph_capture(8)
     tri.prepare_for_capture(4)
+    assert (tri.meta.fill == 1) == (num_sms == 1)
     tri.prepare_for_replay(dbatch, 4)
     ref.prepare(dbatch)
     q = torch.randn(4, hq, d, generator=gen, device=DEV).to(dtype)

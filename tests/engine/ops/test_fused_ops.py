@@ -123,7 +123,7 @@ def test_silu_and_mul(dtype, rows, inter):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("heads", [(16, 8, 128), (4, 2, 32), (6, 3, 64)])
+@pytest.mark.parametrize("heads", [(16, 8, 128), (4, 2, 32), (6, 3, 64), (3, 1, 16)])  # (Hq, Hkv, D)
 def test_qk_norm_rope(dtype, rows, heads):
     hq, hkv, d = heads
     g = torch.Generator().manual_seed(rows * 31 + d)
