@@ -180,10 +180,12 @@ def test_cuda_fused_encoder_error_matches_plain_bf16_error():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.inference_mode()
 @pytest.mark.parametrize("m,k,n", [(1, 64, 128), (37, 384, 1536), (1500, 1024, 4096), (3001, 1280, 5120)])
-def test_cuda_linear_gelu_epilogue_errs_no_more_than_the_reference(m, k, n):
+def test_cuda_linear_gelu_epilogue_errs_no_more_than_the_reference(m, k, n, monkeypatch):
     """cuBLASLt's GELU epilogue (tanh form, one rounding) vs the reference (GEMM rounded to bf16, then
     exact GELU), both against float32 with the exact GELU: the fused error is at most the reference's."""
     from engine.ops import linear as ops_linear
+
+    monkeypatch.setattr(ops_linear, "FUSED_GELU_GEMM", True)  # process-wide; an engine may have cleared it
 
     g = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(2, m, k, device="cuda", generator=g).bfloat16()
