@@ -390,15 +390,8 @@ def main() -> None:
     ap.add_argument("--md", default="")
     args = ap.parse_args()
     sections = args.sections.split(",")
-    res: dict = {"command": " ".join(sys.argv), "commit": args.commit, "device": torch.cuda.get_device_name(),
-                 "torch": torch.__version__}
-
-    def save():
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(res, indent=1))
-        if args.md:
-            Path(args.md).write_text(to_markdown(res))
+    res = bench_engine.result_header(args.commit)
+    save = bench_engine.json_saver(res, args.out, to_markdown, args.md)
 
     cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
                        attention_backend="triton", cuda_graph_max_bs=128, max_running_requests=128,

@@ -61,6 +61,27 @@ def project_steps_s(step_ms: float, wbytes: int, kvb: int, batch: int, prompt: i
     return float(np.sum(step_ms / 1e3 * (wbytes + batch * ctx * kvb) / ref))
 
 
+def result_header(commit: str) -> dict:
+    """The head of every benchmark's JSON: the command line, the commit (the device copy has no git
+    history, so it is passed in), the GPU and the torch version."""
+    return {"command": " ".join(sys.argv), "commit": commit, "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__}
+
+
+def json_saver(res: dict, out: str, markdown: Callable[[dict], str] | None = None,
+               md: str = "") -> Callable[[], None]:
+    """A function that writes ``res`` to ``out`` (and ``markdown(res)`` to ``md``) when those are set;
+    benchmarks call it after each section so a run cut short keeps what it measured."""
+    def save() -> None:
+        if out:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            Path(out).write_text(json.dumps(res, indent=1))
+        if md and markdown is not None:
+            Path(md).write_text(markdown(res))
+
+    return save
+
+
 def make_engine(args) -> Engine:
     cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
                        attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,

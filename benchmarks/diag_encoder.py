@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import bench_engine
 from benchmarks.bench_encoder import request
 from engine import Engine, EngineConfig
 from engine.encoder_cache import EncoderCache
@@ -188,13 +189,8 @@ def main() -> None:
     ap.add_argument("--sections", default="gemm_gelu,encoder,w90")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    res: dict = {"command": " ".join(sys.argv), "commit": args.commit, "device": torch.cuda.get_device_name(),
-                 "torch": torch.__version__}
-
-    def save():
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(res, indent=1))
+    res = bench_engine.result_header(args.commit)
+    save = bench_engine.json_saver(res, args.out)
 
     sections = args.sections.split(",")
     if "gemm_gelu" in sections:
