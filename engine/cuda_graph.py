@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -52,6 +53,22 @@ def capture_logits_graph(model: torch.nn.Module, attn: AttentionBackend, batch: 
         logits = model(batch, attn)
         greedy = logits.argmax(dim=-1)
     return graph, logits, greedy
+
+
+def capture_buckets(model: torch.nn.Module, attn: AttentionBackend, buckets: list[int],
+                    prepare: Callable[[int], None], static_batch: Callable[[int], ForwardBatch],
+                    stream: torch.cuda.Stream | None) -> dict[int, tuple]:
+    """One :func:`capture_logits_graph` per bucket, largest first, all in the first graph's memory pool
+    (a smaller graph fits in what the largest allocated). ``prepare(b)`` points the backend's metadata at
+    its static buffers for bucket ``b``; ``static_batch(b)`` is the batch over the static inputs.
+    Returns ``{bucket: (graph, logits, greedy)}``. Raises RuntimeError from CUDA when a capture fails."""
+    graphs: dict[int, tuple] = {}
+    pool = None
+    for b in sorted(buckets, reverse=True):
+        prepare(b)
+        graphs[b] = capture_logits_graph(model, attn, static_batch(b), pool, stream)
+        pool = graphs[b][0].pool()
+    return graphs
 
 
 class DecodeGraphs:
@@ -94,12 +111,8 @@ class DecodeGraphs:
         self.attn.init_graph_capture(self.max_bs)
         # Own capture stream (never torch.cuda.graph's shared default): see the module docstring.
         self.capture_stream = torch.cuda.Stream(dev)
-        pool = None
-        for bs in reversed(self.buckets):
-            self.attn.prepare_for_capture(bs)
-            batch = self._static_batch(bs)
-            self.graphs[bs] = capture_logits_graph(self.model, self.attn, batch, pool, self.capture_stream)
-            pool = self.graphs[bs][0].pool()
+        self.graphs.update(capture_buckets(self.model, self.attn, self.buckets, self.attn.prepare_for_capture,
+                                           self._static_batch, self.capture_stream))
         torch.cuda.synchronize(dev)
         log.info("captured decode CUDA graphs for batch sizes %s", self.buckets)
 

@@ -25,7 +25,7 @@ import logging
 import torch
 
 from engine.attention.base import AttentionBackend, ForwardBatch
-from engine.cuda_graph import capture_logits_graph
+from engine.cuda_graph import capture_buckets
 
 log = logging.getLogger("diarist.engine")
 
@@ -88,12 +88,8 @@ class PrefillGraphs:
         self.attn.init_prefill_capture(n, self.max_items)
         if self.stream is None:
             self.stream = torch.cuda.Stream(dev)
-        pool = None
-        for tokens in reversed(self.buckets):
-            self.attn.prepare_prefill_capture(tokens)
-            batch = self._static_batch(tokens)
-            self.graphs[tokens] = capture_logits_graph(self.model, self.attn, batch, pool, self.stream)
-            pool = self.graphs[tokens][0].pool()
+        self.graphs.update(capture_buckets(self.model, self.attn, self.buckets, self.attn.prepare_prefill_capture,
+                                           self._static_batch, self.stream))
         torch.cuda.synchronize(dev)
         log.info("captured prefill CUDA graphs for token counts %s (up to %d items)", self.buckets,
                  self.max_items)
