@@ -33,6 +33,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # Whisper's fc1 + GELU in one cuBLASLt GEMM (GELU epilogue) on CUDA; False keeps the GEMM and a separate
 # erf GELU. Set by EngineConfig.fused_gelu_gemm (process-wide, like GEMV_MAX_ROWS).
 FUSED_GELU_GEMM = True
+_HAS_GELU_EPILOGUE = hasattr(torch, "_addmm_activation")  # private op (torch >= 1.13)
 
 
 def linear_gelu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -56,8 +57,7 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
     ``x`` ``[..., K]`` -> ``[..., N]``, x's dtype.
     """
     if (FUSED_GELU_GEMM and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() >= 2
-            and weight.dtype == x.dtype and bias is not None and bias.dtype == x.dtype
-            and hasattr(torch, "_addmm_activation")):  # private op (torch >= 1.13); the reference otherwise
+            and weight.dtype == x.dtype and bias is not None and bias.dtype == x.dtype and _HAS_GELU_EPILOGUE):
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])
     return linear_gelu_reference(x, weight, bias)
