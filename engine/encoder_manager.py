@@ -155,8 +155,10 @@ class EncoderManager:
             wave = wave.pin_memory()
         seq.mm_inputs["audio"] = wave
         if self.cache.enabled:
-            seq.mm_state["audio_key"] = audio_fingerprint(wave, self.model_id)
-            if self.device.type == "cuda":
+            key = seq.mm_state["audio_key"] = audio_fingerprint(wave, self.model_id)
+            # A recording already cached needs no buffer (if it is evicted before the loop takes it, the
+            # loop pins one itself: slower, still correct).
+            if self.device.type == "cuda" and key not in self.cache:
                 hidden, dtype = self.emb_spec
                 n = sum(window_token_counts(int(wave.numel())))
                 seq.mm_state["audio_host"] = torch.empty((n, hidden), dtype=dtype, pin_memory=True)

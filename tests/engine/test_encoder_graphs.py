@@ -107,7 +107,8 @@ def test_cache_buffer_is_pinned_on_the_submitting_thread(monkeypatch):
     # Pinning host memory is slow (~0.8 ms per MB on an H200); on the engine loop it held up hand-overs and
     # running decodes, so the buffer the embeddings are cached in is made in submit and filled in place.
     eng = _engine()
-    seq = build_moss_sequence(eng, _noise(40, 7), max_new_tokens=4)
+    wave = _noise(40, 7)
+    seq = build_moss_sequence(eng, wave, max_new_tokens=4)
     seq.stop_checker, seq.stop_token_ids = None, ()
     eng.submit(seq)
     buf = seq.mm_state["audio_host"]
@@ -125,4 +126,10 @@ def test_cache_buffer_is_pinned_on_the_submitting_thread(monkeypatch):
     assert pinned_on_loop == [] and "audio_host" not in seq.mm_state
     (entry,) = eng.encoder.cache._items.values()
     assert entry.data_ptr() == buf.data_ptr() and buf.abs().sum() > 0
+    again = build_moss_sequence(eng, wave.copy(), max_new_tokens=4)  # cached: nothing to pin for it
+    again.stop_checker, again.stop_token_ids = None, ()
+    eng.submit(again)
+    assert "audio_host" not in again.mm_state
+    eng.run_until_done([again])
+    assert again.output_ids == seq.output_ids and eng.stats()["encoder_cache_hits"] == 1
     assert eng.allocator.num_free == eng.allocator.num_slots
