@@ -81,10 +81,11 @@ def main(data_dir: str, out: str) -> None:
             continue
         items[rttm.parent.name] = item_evidence(audio, rttm)
         print(rttm.parent.name, json.dumps(items[rttm.parent.name]["speakers"]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    json.dump({"command": ".venv/bin/python " + " ".join(sys.argv), "git_commit": commit,
-               "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-               "what": __doc__.split("\n\n")[0], "items": items}, open(out, "w"), indent=2)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    with open(out, "w") as f:
+        json.dump({"command": ".venv/bin/python " + " ".join(sys.argv), "git_commit": commit,
+                   "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                   "what": __doc__.split("\n\n")[0], "items": items}, f, indent=2)
 
 
 if __name__ == "__main__":
