@@ -130,7 +130,7 @@ class OverlapLoop:
         if fix_at:  # tokens sampled by the step still in flight (one copy for both index lists)
             idx = self._to_dev(fix_at + fix_rows)
             fb.input_ids[idx[: len(fix_at)]] = self.next_tok[idx[len(fix_at) :]]
-        _, greedy = e.runner.forward_greedy(fb)
+        greedy = e.runner.forward_greedy(fb)
         want = [i for i, s in enumerate(sample) if s]
         host, event = self.host[self.flip][: len(want)], None
         self.flip ^= 1
