@@ -220,8 +220,9 @@ def stall_probe(engine: Engine, decodes: int, audio_s: float, rng: np.random.Gen
         pure.append(time.perf_counter() - ts)
     long = _request(engine, (rng.standard_normal(int(audio_s * 16_000)) * 0.1).astype(np.float32), 1)
     engine.submit(long)
-    mixed = []
+    mixed, encoding = [], []  # step seconds; whether the long request was still in the encoder stage
     while not long.prefill_done:
+        encoding.append(long in engine.encoder.job_of)
         ts = time.perf_counter()
         engine.step()
         mixed.append(time.perf_counter() - ts)
@@ -231,7 +232,10 @@ def stall_probe(engine: Engine, decodes: int, audio_s: float, rng: np.random.Gen
     return {"decodes": decodes, "long_audio_s": audio_s, "long_prompt_tokens": long.prompt_len,
             "pure_decode_step_ms_p50": float(np.median(pure)) * 1e3,
             "mixed_step_ms_max_excl_encoder": float(np.max(mixed[1:])) * 1e3 if len(mixed) > 1 else None,
-            "first_step_ms_incl_encoder": mixed[0] * 1e3, "mixed_steps": len(mixed)}
+            "first_step_ms_incl_encoder": mixed[0] * 1e3, "mixed_steps": len(mixed),
+            "worst_step_index": int(np.argmax(mixed[1:])) + 1 if len(mixed) > 1 else None,
+            "encoder_stage_steps": int(sum(encoding)),
+            "step_ms": [round(t * 1e3, 2) for t in mixed]}
 
 
 def decode_step_probe(engine: Engine, context: int, steps: int, profile: bool) -> dict:
@@ -299,6 +303,8 @@ def main() -> None:
                     "(the engine's default on CUDA)")
     ap.add_argument("--sync-decode", action="store_false", dest="async_decode", help="async_decode=False")
     ap.add_argument("--stall-probe", action="store_true", help="decode stall while a 90-min prompt prefills")
+    ap.add_argument("--stall-probe-repeats", type=int, default=1,
+                    help="run the stall probe this many times (later runs: one-time costs already paid)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     overrides = dict(kv.split("=") for kv in args.requests.split(",") if kv)
@@ -324,6 +330,9 @@ def main() -> None:
     if args.stall_probe:
         res["stall_probe"] = stall_probe(engine, 16, 5400.0, rng)
         print("stall", json.dumps(res["stall_probe"]), flush=True)
+        res["stall_probe_repeats"] = [stall_probe(engine, 16, 5400.0, rng) for _ in range(args.stall_probe_repeats - 1)]
+        for r in res["stall_probe_repeats"]:
+            print("stall again", json.dumps(r), flush=True)
     res["workloads"] = {}
     for name in [w for w in args.workloads.split(",") if w]:
         n, audio_s, full_tokens, conc = WORKLOADS[name]
