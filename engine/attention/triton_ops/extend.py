@@ -106,7 +106,7 @@ def extend_attention(
     q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor, rows: torch.Tensor,
     kv_lens: torch.Tensor, ext_lens: torch.Tensor, qo_start: torch.Tensor, max_extend: int, *,
     sm_scale: float, table: torch.Tensor | None = None, src_len: int = 0, causal: bool = True,
-    block_m: int = 64, block_n: int = 64,
+    block_m: int = 64, block_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
 ) -> torch.Tensor:
     """Attention of each item's new queries over its keys ``0 .. kv_lens[i]-1``.
 
@@ -118,6 +118,8 @@ def extend_attention(
             when ``causal``; ``max_extend`` >= every ``ext_lens[i]`` (host int, sizes the grid).
         table: int32 ``req_to_token``; ``None`` means slot ``row * src_len + pos`` (cross-attention).
         causal: bottom-right causal mask (self-attention); False attends to all ``kv_lens[i]`` keys.
+        block_m, block_n, num_warps, num_stages: the tile (queries per program, keys per iteration) and
+            launch options; ``num_warps=None`` picks 4 or 8 from the tile size.
     Returns:
         ``out``.
     """
@@ -139,6 +141,7 @@ def extend_attention(
         GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(dim), HEAD_DIM=dim, CAUSAL=causal, USE_TABLE=use_table,
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4 if block_m * triton.next_power_of_2(group) * dim <= 64 * 64 else 8, num_stages=2,
+        num_warps=num_warps or (4 if block_m * triton.next_power_of_2(group) * dim <= 64 * 64 else 8),
+        num_stages=num_stages,
     )
     return out
