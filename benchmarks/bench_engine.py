@@ -40,6 +40,7 @@ from bench_baselines import (
 
 from engine import Engine, EngineConfig, Sequence
 from engine.attention.triton_ops import decode as decode_ops
+from engine.attention.triton_ops import extend as extend_ops
 from engine.moss_td_pipeline import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
@@ -99,6 +100,8 @@ def make_engine(args) -> Engine:
         cfg.prefill_graph_tokens = tuple(int(t) for t in args.prefill_buckets.split(","))
     if getattr(args, "single_split_per_sm", None) is not None:
         decode_ops.SINGLE_SPLIT_PROGRAMS_PER_SM = args.single_split_per_sm
+    if getattr(args, "extend_large_tile_from", None) is not None:
+        extend_ops.LARGE_TILE_MIN_EXTEND = args.extend_large_tile_from
     return Engine(cfg)
 
 
@@ -294,6 +297,8 @@ def main() -> None:
     ap.add_argument("--prefill-buckets", default="", help="EngineConfig.prefill_graph_tokens, comma-separated")
     ap.add_argument("--single-split-per-sm", type=int, default=None,
                     help="engine.attention.triton_ops.decode.SINGLE_SPLIT_PROGRAMS_PER_SM (0: off)")
+    ap.add_argument("--extend-large-tile-from", type=int, default=None,
+                    help="engine.attention.triton_ops.extend.LARGE_TILE_MIN_EXTEND (0: off)")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

@@ -7,7 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.base import AttentionBackend, ForwardBatch
-from engine.attention.triton_ops import decode_attention, decode_splits_for_fill, extend_attention
+from engine.attention.triton_ops import (
+    decode_attention,
+    decode_splits_for_fill,
+    extend_attention,
+    extend_tile,
+)
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
 
 
@@ -134,8 +139,10 @@ class TritonBackend(AttentionBackend):
         if m.n_dec:
             self._decode(q, kb, vb, out, m.dec_lens, self.table.table, 0)
         if m.n_ext:
+            block_m, warps = extend_tile(m.max_ext)
             extend_attention(q, kb, vb, out, m.ext_rows, m.ext_kv_lens, m.ext_lens, m.ext_qo, m.max_ext,
-                             sm_scale=self.scale, table=self.table.table, causal=True)
+                             sm_scale=self.scale, table=self.table.table, causal=True, block_m=block_m,
+                             num_warps=warps)
         return out
 
     def cross_forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,6 @@ Both read K/V either through the ``req_to_token`` table (self-attention) or dire
 """
 
 from engine.attention.triton_ops.decode import decode_attention, decode_splits_for_fill
-from engine.attention.triton_ops.extend import extend_attention
+from engine.attention.triton_ops.extend import extend_attention, extend_tile
 
-__all__ = ["decode_attention", "decode_splits_for_fill", "extend_attention"]
+__all__ = ["decode_attention", "decode_splits_for_fill", "extend_attention", "extend_tile"]

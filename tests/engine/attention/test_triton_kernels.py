@@ -21,7 +21,12 @@ triton = pytest.importorskip("triton", reason="triton is not installed (it ships
 from engine.attention.torch_ref import TorchReferenceBackend, reference_attention
 from engine.attention.triton_backend import TritonBackend
 from engine.attention.triton_ops import decode as decode_mod
-from engine.attention.triton_ops import decode_attention, decode_splits_for_fill, extend_attention
+from engine.attention.triton_ops import (
+    decode_attention,
+    decode_splits_for_fill,
+    extend_attention,
+    extend_tile,
+)
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
 
 if not CUDA:
@@ -129,7 +134,8 @@ GPU_EXTEND = [
 ]
 
 
-def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | None = None):
+def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | None = None,
+                 num_warps: int | None = None):
     gen = torch.Generator(device=DEV).manual_seed(len(items) * 77 + d)
     lens = [p + e for p, e in items]
     k, v, table, rows = make_cache(lens, hkv, d, dtype, gen)
@@ -142,7 +148,7 @@ def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | N
     as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)
     scale = 1 / math.sqrt(d)
     extend_attention(q, k, v, out, rows, as_t(lens), as_t(exts), as_t(qo[:-1]), max(exts), sm_scale=scale,
-                     table=table, causal=True, block_m=block_m, block_n=block_n)
+                     table=table, causal=True, block_m=block_m, block_n=block_n, num_warps=num_warps)
     for i, (p, e) in enumerate(items):
         ks, vs = seq_kv(k, v, table, i + 1, p + e)
         c = check_rows
@@ -161,8 +167,20 @@ def test_extend_interpreter(items, hq, hkv, d, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("items,hq,hkv,d,dtype", GPU_EXTEND)
-def test_extend_gpu(items, hq, hkv, d, dtype):
-    _extend_case(items, hq, hkv, d, dtype, block_m=64, block_n=64, check_rows=256)
+@pytest.mark.parametrize("block_m,warps", [(64, None), (128, 8)])
+def test_extend_gpu(items, hq, hkv, d, dtype, block_m, warps):
+    _extend_case(items, hq, hkv, d, dtype, block_m=block_m, block_n=64, check_rows=256, num_warps=warps)
+
+
+def test_extend_tile_by_new_tokens(monkeypatch):
+    """Large prompt chunks take 128-query programs, everything smaller (and every step with the switch
+    at 0) keeps 64."""
+    from engine.attention.triton_ops import extend as extend_mod
+
+    assert extend_tile(4096) == (128, 8) and extend_tile(2048) == (128, 8)
+    assert extend_tile(2047)[0] == 64 and extend_tile(1)[0] == 64
+    monkeypatch.setattr(extend_mod, "LARGE_TILE_MIN_EXTEND", 0)
+    assert extend_tile(4096)[0] == 64
 
 
 def test_cross_direct_addressing():
