@@ -20,7 +20,9 @@ _LOG2E = 1.4426950408889634
 # Steps whose longest item brings at least this many new tokens take 128 queries per program (8 warps):
 # on an H200 (benchmarks/diag_extend.py, diag_extend_h200.json; 4,096 queries, 16/8 heads x 128, bf16,
 # keys through a scattered table) 0.70 / 3.13 / 7.64 ms over 8K / 33K / 78K keys against 0.77 / 3.83 / 9.49
-# with 64. Below it (short prompts, decodes in a mixed step) 64 keeps more programs for the few keys.
+# with 64; in the engine a 90-minute prompt's last chunk went from 426 to 209 ms and its whole prefill from
+# 2.98 to 1.52 s (engine_decode_h200.md, fifth session). Below it (short prompts, decodes in a mixed step)
+# 64 keeps more programs for the few keys.
 # Process-wide, like engine.ops.linear.GEMV_MAX_ROWS; 0 keeps 64 everywhere. Prefill graphs take the tile
 # of their bucket's token count when they are captured.
 LARGE_TILE_MIN_EXTEND = 2048
