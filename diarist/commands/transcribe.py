@@ -46,8 +46,16 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     path = Path(args.file)
-    if not path.is_file():
+    if not path.exists():
         return fail("not_found", f"no such file: {args.file}")
+    if not path.is_file():
+        return fail("not_a_file", f"{args.file} is a directory or special file, not an audio file")
+    from engine.diarization.cluster import check_hints
+
+    try:  # before the model loads: a bad hint would otherwise fail after the whole ASR pass
+        check_hints(args.num_speakers, args.min_speakers, args.max_speakers)
+    except ValueError as e:
+        return fail("invalid_request", str(e))
     from diarist.formats import render
     from diarist.transcript import Transcript
     from engine import Engine, EngineConfig

@@ -120,3 +120,23 @@ def test_serve_embedded_answers_and_stops_on_sigterm(tmp_path):
         out, _ = p.communicate(timeout=60)
     assert p.returncode == 0, out[-2000:]
     assert f"listening on http://127.0.0.1:{port}" in out
+
+
+def test_transcribe_directory_is_not_reported_missing(capsys, tmp_path):
+    status, out, err = run_cli(capsys, "transcribe", str(tmp_path))
+    assert status == 2 and out == ""
+    assert err.startswith("diarist: error: not_a_file: ") and "no such file" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("hints", [["--num-speakers", "0"], ["--min-speakers", "-2"], ["--max-speakers", "0"],
+                                   ["--min-speakers", "3", "--max-speakers", "2"]])
+def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, monkeypatch):
+    import engine
+
+    def no_engine(*a, **k):
+        raise AssertionError("the model must not load for invalid speaker hints")
+
+    monkeypatch.setattr(engine, "Engine", no_engine)
+    status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.mp3")), *hints)
+    assert status == 2 and out == ""
+    assert err.startswith("diarist: error: invalid_request: ") and err.count("\n") == 1
