@@ -13,8 +13,8 @@ import pytest
 from diarist.commands import eval as eval_cmd
 from diarist.evaluation import discover, evaluate
 from diarist.scoring import normalize_text
+from tests.conftest import DATA  # ../shared/data, or DIARIST_TEST_DATA
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared test data not present")
 
 
