@@ -130,6 +130,10 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
     if not data_dir.is_dir():
         print(f"diarist eval: data directory not found: {data_dir}", file=sys.stderr)
         return 2
+    if args.out and Path(args.out).is_dir():
+        print(f"diarist eval: --out is a directory; give a file name, e.g. {Path(args.out) / 'report.json'}",
+              file=sys.stderr)
+        return 2
     missing = [m for m in ("jiwer", "meeteval", "pyannote.metrics", "pyannote.database")
                if importlib.util.find_spec(m) is None]
     if missing:
@@ -169,8 +173,12 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
               "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **report}
     print(format_table(report))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            print(f"diarist eval: cannot write the report to {args.out}: {e}", file=sys.stderr)
+            return 1
         print(f"report written to {args.out}", file=sys.stderr)
     return 0
 

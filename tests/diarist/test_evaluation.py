@@ -238,3 +238,18 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert "no items with reference files" in capsys.readouterr().err
     assert eval_cmd.main([str(tmp_path / "empty"), "--hyp-dir", str(tmp_path / "nope")]) == 2
     assert "--hyp-dir not found" in capsys.readouterr().err
+
+
+def test_cli_out_that_is_a_directory_is_a_usage_error(synthetic, tmp_path, capsys):
+    called = []
+
+    def transcriber(*a, **k):
+        called.append(a)
+        return perturbed(*a, **k)
+
+    parser = argparse.ArgumentParser(prog="diarist")
+    eval_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval", str(synthetic), "--out", str(tmp_path)])
+    assert args.func(args, transcribe_fn=transcriber) == 2
+    assert "--out is a directory" in capsys.readouterr().err
+    assert not called  # refused before any item is transcribed
