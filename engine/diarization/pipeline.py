@@ -119,20 +119,33 @@ def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, m
     return cent / np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-12)
 
 
-def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech):
-    """Per-frame global speakers ``[num, n_spk]`` bool from chunk activity and the local->global map."""
+def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=None):
+    """Per-frame global speakers ``[num, n_spk]`` bool from chunk activity and the local->global map.
+
+    ``nearest`` (optional, per item): the closest centroid of each local speaker. A local speaker left
+    unassigned (its chunk has more local speakers than there are clusters, e.g. ``num_speakers=1``) does
+    not add to the scores; but a frame where only such speakers talk would otherwise lose its speech, so
+    there the nearest centroid of the unassigned speakers takes it (pyannote keeps those frames too)."""
     clustered = np.zeros(act.shape[:2] + (n_spk,), np.float32)
-    for (c, k), g in zip(items, assigned, strict=True):
+    spare = np.zeros_like(clustered)
+    for i, ((c, k), g) in enumerate(zip(items, assigned, strict=True)):
         if g >= 0:
             clustered[c, :, g] = np.maximum(clustered[c, :, g], act[c, :, k])
+        elif nearest is not None:
+            spare[c, :, nearest[i]] = np.maximum(spare[c, :, nearest[i]], act[c, :, k])
     score, _ = aggregate(offsets, clustered, num)
+    spare_score, _ = aggregate(offsets, spare, num)
     count, _ = aggregate(offsets, act.sum(-1), num)
     count = np.rint(count).astype(int) * in_speech
     active = np.zeros((num, n_spk), bool)
     order = np.argsort(-score, axis=1, kind="stable")
     for j in np.flatnonzero(count):
         top = order[j, : count[j]]
-        active[j, top[score[j, top] > 0]] = True
+        top = top[score[j, top] > 0]
+        if top.size == 0 and spare_score[j].max() > 0:
+            top = np.argsort(-spare_score[j], kind="stable")[: count[j]]
+            top = top[spare_score[j, top] > 0]
+        active[j, top] = True
     return active
 
 
@@ -212,7 +225,8 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
                         num_speakers, min_speakers, max_speakers)
         assigned = assign_to_centroids(emb, cent, [c for c, _ in items])
-        active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech)
+        nearest = np.argmax(emb @ cent.T, axis=1)
+        active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech, nearest)
     else:
         active = np.zeros((num, 1), bool)
     active = _fill_silent_regions(active, speech, num)

@@ -125,6 +125,28 @@ def test_hints_change_the_count():
         diarize(wave, speech, min_speakers=3, max_speakers=2)
 
 
+def _union_s(turns):
+    total, cur_s, cur_e = 0.0, None, None
+    for t in sorted(turns, key=lambda t: t.start):
+        if cur_e is None or t.start > cur_e:
+            total += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = t.start, t.end
+        else:
+            cur_e = max(cur_e, t.end)
+    return total + (0.0 if cur_e is None else cur_e - cur_s)
+
+
+@pytest.mark.parametrize("hints", [{"num_speakers": 1}, {"max_speakers": 1}])
+def test_a_one_speaker_hint_keeps_all_the_speech(hints):
+    """With one cluster, the second local speaker of each chunk is left unassigned; its speech must still
+    be attributed (to the one speaker), not dropped: Sheila's turn at 14.5-17.9 s was lost before."""
+    speech_s = _union_s(_run(PHONE)[2])
+    turns = _run(PHONE, **hints)[2]
+    assert {t.speaker for t in turns} == {0}
+    assert _union_s(turns) >= speech_s - 0.1, (_union_s(turns), speech_s)
+    assert any(t.start <= 15.0 and t.end >= 17.0 for t in turns)
+
+
 def _count_with(**hints):
     return len({t.speaker for t in _run(PHONE, **hints)[2]})
 
