@@ -34,6 +34,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+class SubmitRejected(RuntimeError):
+    """``POST /v1/jobs`` answered an error: ``code`` and ``message`` from its ``{"error": ...}`` body."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"POST /v1/jobs answered {status}: {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
 def submit_and_wait(base_url: str, path: Path, timeout_s: float, headers: dict | None = None,
                     log=print) -> dict:
     """POST the file to ``/v1/jobs``, poll until final; returns the final job JSON. Raises on HTTP errors."""
@@ -42,7 +50,12 @@ def submit_and_wait(base_url: str, path: Path, timeout_s: float, headers: dict |
     with httpx.Client(base_url=base_url, timeout=60, headers=headers or {}) as c, open(path, "rb") as f:
         r = c.post("/v1/jobs", files={"file": (path.name, f)})
         if r.status_code >= 400:
-            raise RuntimeError(f"POST /v1/jobs answered {r.status_code}: {r.text}")
+            try:
+                err = r.json()["error"]
+                code, message = str(err["code"]), str(err["message"])
+            except (ValueError, KeyError, TypeError):
+                code, message = "http_error", r.text
+            raise SubmitRejected(r.status_code, code, message)
         job = r.json()
         log(f"submitted {path.name} ({job['duration']:.1f} s of audio) as job {job['id']} → {job['queue']}")
         deadline = time.monotonic() + timeout_s
@@ -75,7 +88,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         url = stack.serve_in_thread("127.0.0.1", args.port)
         print(f"API listening on {url}  (docs: {url}/docs), ready in {time.monotonic() - t0:.1f} s", flush=True)
-        job = submit_and_wait(url, path, args.timeout, log=lambda m: print(m, flush=True))
+        try:
+            job = submit_and_wait(url, path, args.timeout, log=lambda m: print(m, flush=True))
+        except SubmitRejected as e:  # bad media (decode_failed, too_short, ...): one line, like `transcribe`
+            print(f"diarist: error: {e.code}: {e.message}", file=sys.stderr)
+            return 2
+        except TimeoutError as e:
+            print(f"diarist: error: timeout: {e}", file=sys.stderr)
+            return 1
         if job["status"] != "completed":
             err = job.get("error") or {}
             print(f"diarist: error: {err.get('code')}: {err.get('message')}", file=sys.stderr)

@@ -140,3 +140,14 @@ def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, m
     status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.mp3")), *hints)
     assert status == 2 and out == ""
     assert err.startswith("diarist: error: invalid_request: ") and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_demo_with_a_bad_file_is_one_line_not_a_traceback(tmp_path):
+    f = tmp_path / "notes.wav"
+    f.write_text("not audio")
+    p = subprocess.run([sys.executable, "-m", "diarist.cli", "demo", "--file", str(f), "--data-dir",
+                        str(tmp_path / "d")], capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("diarist: error: decode_failed: ")
