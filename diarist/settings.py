@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     auth: bool | None = Field(None, description="Bearer API keys; None = on, except in embedded mode.")
     max_upload_bytes: int = Field(2 * 1024**3, description="Larger uploads or downloads get 413.")
     max_duration_s: float = Field(5400.0, description="Longer audio gets 422 too_long (90 min).")
-    min_duration_s: float = Field(0.1, description="Shorter audio gets 422 too_short.")
+    min_duration_s: float = Field(0.0, description="Shorter audio gets 422 too_short; 0 (the default) takes any "
+                                  "audio with samples, and a clip too short to hold speech gets an empty "
+                                  "transcript with no_speech (OpenAI's API refuses under 0.1).")
     api_threads: int = Field(256, description="Worker threads for sync routes and SSE streams in the API.")
     url_fetch_timeout_s: float = Field(60.0, description="Timeout for fetching an `audio_url`.")
     sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result.")

@@ -34,7 +34,6 @@ BAD = {
     "text file": (lambda: b"this is a text file, not a recording\n" * 20, "notes.txt", "decode_failed"),
     "empty file": (lambda: b"", "empty.wav", "empty_audio"),
     "mp3 cut inside its header": (lambda: mp3_head(400), "cut.mp3", "decode_failed"),
-    "mp3 cut after 40 ms of audio": (lambda: mp3_head(1000), "short.mp3", "too_short"),
     "video without audio": (video_without_audio, "silent.mp4", "no_audio_stream"),
 }
 
@@ -99,6 +98,21 @@ def test_limits(app_with):
     high_min = app_with(min_duration_s=20.0)
     r = high_min.post("/v1/jobs", files={"file": ("jfk.flac", wav)})
     assert r.status_code == 422 and r.json()["error"]["code"] == "too_short"
+    openai_min = app_with(min_duration_s=0.1)  # an mp3 cut after 40 ms of audio
+    r = openai_min.post("/v1/jobs", files={"file": ("short.mp3", mp3_head(1000))})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "too_short"
+
+
+def test_a_30_ms_clip_is_an_empty_transcript_not_an_error(client, wait_job):
+    """Issue 4's tiny-input case through the API: by default a clip too short to hold speech is accepted
+    and completes with an empty transcript flagged ``no_speech`` (finish_reason ``stop``)."""
+    r = client.post("/v1/jobs", files={"file": ("yes_30ms.wav", data_file("en_short_yes/yes_30ms.wav").read_bytes())})
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed", job
+    t = client.get(f"/v1/jobs/{job['id']}/transcript").json()
+    assert t["segments"] == [] and t["speakers"] == [] and t["no_speech"] is True and t["finish_reason"] == "stop"
+    assert abs(t["duration"] - 0.03) < 1e-6
 
 
 def test_webhook_url_to_private_address_is_refused_without_allow_list(app_with):
