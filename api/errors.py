@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +31,20 @@ _HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "
                429: "rate_limited", 503: "unavailable"}
 
 
+def describe_errors(errors: Sequence[Any]) -> str:
+    """One message for pydantic validation errors (the first five): ``field: message`` joined by ``; ``,
+    without the request part names FastAPI puts in ``loc`` nor pydantic's ``Value error, `` prefix on our
+    own validators' messages."""
+    parts = []
+    for e in list(errors)[:5]:
+        where = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query", "header", "path"))
+        msg = str(e.get("msg"))
+        if e.get("type") == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts) or "invalid request"
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into the JSON error shape."""
 
@@ -38,11 +54,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for e in exc.errors()[:5]:
-            where = ".".join(str(x) for x in e.get("loc", ()) if x not in ("body", "query", "header", "path"))
-            parts.append(f"{where}: {e.get('msg')}" if where else str(e.get("msg")))
-        return JSONResponse(error_body("invalid_request", "; ".join(parts) or "invalid request"), status_code=422)
+        return JSONResponse(error_body("invalid_request", describe_errors(exc.errors())), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -12,7 +12,7 @@ from sqlalchemy import func, select, tuple_
 from starlette.datastructures import UploadFile
 
 from api.deps import JobId, PrincipalDep, ServicesDep, load_job
-from api.errors import ApiError
+from api.errors import ApiError, describe_errors
 from api.schemas import ErrorResponse, JobFromUrl, JobList, JobOptions, JobOut, Status, TranscriptFormat
 from api.submit import AudioSource, submit_job
 from diarist import jobs
@@ -38,8 +38,7 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_lengt
 
 
 def _validation_error(e: ValidationError) -> ApiError:
-    msg = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" if x["loc"] else x["msg"] for x in e.errors()[:5])
-    return ApiError(422, "invalid_request", msg)
+    return ApiError(422, "invalid_request", describe_errors(e.errors()))
 
 
 @router.post("", status_code=202, response_model=JobOut, responses={200: {"model": JobOut}, **ERRORS},

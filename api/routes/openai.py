@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from api.deps import PrincipalDep, ServicesDep
-from api.errors import ApiError
+from api.errors import ApiError, describe_errors
 from api.routes.events import job_events
 from api.routes.jobs import ERRORS
 from api.schemas import JobOptions
@@ -117,7 +117,7 @@ async def create_transcription(
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
                           min_speakers=min_speakers, max_speakers=max_speakers)
     except ValidationError as e:
-        raise ApiError(422, "invalid_request", str(e.errors()[0]["msg"])) from None
+        raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
     job_id = new_id("job")
     sub = services.bus.subscribe(job_id)  # before the job exists: no event can be missed
     try:

@@ -69,6 +69,7 @@ def test_invalid_options_are_422(client):
     wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
     r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"min_speakers": "3", "max_speakers": "2"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert "min_speakers" in r.json()["error"]["message"] and "Value error" not in r.json()["error"]["message"]
     r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"num_speakers": "zero"})
     assert r.status_code == 422 and "num_speakers" in r.json()["error"]["message"]
 
