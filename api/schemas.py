@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from diarist.models import Job
 
@@ -17,13 +18,24 @@ class JobOptions(BaseModel):
     """Transcription options (names follow OpenAI / AssemblyAI)."""
 
     model: str | None = Field(None, description="Model name; see DIARIST_SERVED_MODELS. Default: the server's.")
-    language: str | None = Field(None, max_length=16, description="ISO 639-1 hint, e.g. `en`.")
+    language: str | None = Field(None, max_length=16, description="ISO 639-1 code of the speech, e.g. `en`; "
+                                 "one the server's model does not transcribe gets 422 unsupported_language.")
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
     num_speakers: int | None = Field(None, ge=1, le=64, description="Exact speaker count, if known.")
     min_speakers: int | None = Field(None, ge=1, le=64)
     max_speakers: int | None = Field(None, ge=1, le=64)
     multichannel: bool = Field(False, description="One speaker per channel.")
     webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        code = v.strip().lower()
+        if not re.fullmatch(r"[a-z]{2,3}", code):
+            raise ValueError(f"language must be an ISO 639-1 code such as 'en', got {v!r}")
+        return code
 
     @model_validator(mode="after")
     def _speakers(self) -> JobOptions:

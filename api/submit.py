@@ -58,12 +58,15 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
 
-    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``invalid_url``, ``url_not_allowed``,
+    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``, ``invalid_url``, ``url_not_allowed``,
     ``url_fetch_failed``, ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``too_long``,
     ``too_short``; 503 ``queue_unavailable``.
     """
     st = services.settings
     model = resolve_model(services, opts.model)
+    if opts.language and st.languages and opts.language not in st.languages:
+        raise ApiError(422, "unsupported_language", f"this server's model transcribes {', '.join(st.languages)} "
+                       f"only; language={opts.language!r} was asked for")
     if opts.webhook_url:
         try:
             check_url(opts.webhook_url, st.webhook_allow_hosts)

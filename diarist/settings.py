@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     model_path: str | None = Field(None, description="Checkpoint dir; None = the bundled tiny.en.")
     served_models: list[str] = Field(["whisper", "whisper-1", "tiny.en"],
                                      description="Names accepted in the `model` request field; others get 422.")
+    languages: list[str] = Field(["en"], description="ISO 639-1 codes the served model transcribes (the bundled "
+                                 "tiny.en: English only); a request for another gets 422 unsupported_language. "
+                                 "Empty: any (a multilingual model).")
     device: str = Field("cpu", description="Engine device: cpu, cuda or cuda:N.")
     engine_url: str = Field("http://127.0.0.1:8100", description="The engine server workers talk to (non-embedded).")
     engine_host: str = Field("127.0.0.1", description="`diarist engine` listen address (keep it loopback).")

@@ -33,7 +33,8 @@ class RequestRejected(ValueError):
     """A sequence that can never run (empty prompt, prompt longer than the context, or larger than the
     whole KV cache).
 
-    ``code`` is a stable machine code: ``too_short``, ``too_long`` or ``kv_capacity``.
+    ``code`` is a stable machine code: ``too_short``, ``too_long`` or ``kv_capacity``; the transcriber
+    adds ``unsupported_language`` (a language the loaded model does not transcribe).
     """
 
     def __init__(self, code: str, message: str) -> None:

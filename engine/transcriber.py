@@ -31,7 +31,7 @@ from engine.models.whisper_decoding import (
 )
 from engine.progress import EventFn, WindowProgress
 from engine.repetition import RepetitionGuard
-from engine.request import FinishReason, Sequence
+from engine.request import FinishReason, RequestRejected, Sequence
 from engine.streaming import IncrementalDetokenizer
 from engine.windows import Window, pack_windows
 
@@ -62,7 +62,8 @@ class TranscribeOptions:
     """Per-request options (names follow OpenAI / AssemblyAI).
 
     Attributes:
-        language: ISO code hint (tiny.en is English-only; kept for the record).
+        language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
+            (``unsupported_language``) instead of writing English-sounding text for it.
         prompt: text that conditions the decoder (vocabulary, spelling).
         num_speakers / min_speakers / max_speakers: hints for speaker clustering.
         multichannel: one speaker per channel: transcribe each channel, label by channel.
@@ -111,10 +112,16 @@ class Transcriber:
 
         Raises:
             AudioError: undecodable input (codes in :class:`engine.audio.AudioError`).
-            RequestRejected: the recording cannot fit the model's context (``too_long``).
+            RequestRejected: the recording cannot fit the model's context (``too_long``); a language
+                the model does not transcribe (``unsupported_language``).
             EngineError: a sequence failed inside the engine.
         """
         opts = options or TranscribeOptions()
+        if (self.family == "whisper" and self.tokens.english_only and opts.language
+                and opts.language.lower() not in ("en", "english")):
+            raise RequestRejected("unsupported_language",
+                                  f"{self.engine.loaded.info.get('name')} transcribes English only; "
+                                  f"language={opts.language!r} was asked for")
         t0 = time.perf_counter()
         audio = decode_audio(source, mono=not opts.multichannel)
         if on_event:
@@ -341,7 +348,7 @@ async def stream_transcription(transcriber: Transcriber, source: Any,
         try:
             result = transcriber.transcribe(source, options, on_event)
             loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
-        except Exception as e:  # reported as an event; the caller decides the HTTP status
+        except Exception as e:  # noqa: BLE001 - reported as an event; the caller decides the HTTP status
             code = getattr(e, "code", "engine_error")
             loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})
         finally:

@@ -74,6 +74,24 @@ def test_invalid_options_are_422(client):
     assert r.status_code == 422 and "num_speakers" in r.json()["error"]["message"]
 
 
+def test_language_is_an_iso_code_the_model_transcribes(client, app_with):
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": "zh"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_language", r.text
+    assert "'zh'" in r.json()["error"]["message"]
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": "klingon"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    assert r.json()["error"]["message"].startswith("language: language must be an ISO 639-1 code")
+    r = client.post("/v1/audio/transcriptions", files={"file": ("y.wav", wav)},
+                    data={"model": "whisper-1", "language": "de"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_language"
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": " EN "})
+    assert r.status_code == 202 and r.json()["options"]["language"] == "en"
+    multilingual = app_with(languages=[])  # a multilingual model's server takes any code
+    r = multilingual.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": "zh"})
+    assert r.status_code == 202, r.text
+
+
 def test_unknown_model_is_422(client):
     wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
     r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "whisper-large-v9"})

@@ -118,3 +118,17 @@ def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine
     s = Sequence(prompt_ids=[50257] * 200, max_new_tokens=window_budget(30.0))
     whisper_engine.scheduler.validate(s)
     assert s.max_new_tokens == 448 - 200
+
+
+def test_english_only_model_refuses_other_languages(tr, whisper_engine):
+    """tiny.en asked for Chinese would write English-sounding text labelled ``en``; it refuses before any
+    work, and English however spelled is accepted."""
+    from engine.request import RequestRejected
+
+    steps = whisper_engine.counters["steps"]
+    with pytest.raises(RequestRejected) as e:
+        tr.transcribe(b"not even audio", TranscribeOptions(language="zh"))
+    assert e.value.code == "unsupported_language" and "'zh'" in e.value.message
+    assert whisper_engine.counters["steps"] == steps
+    r = tr.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(language="EN"))
+    assert r["language"] == "en"
