@@ -64,9 +64,10 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     """
     st = services.settings
     model = resolve_model(services, opts.model)
-    if opts.language and st.languages and opts.language not in st.languages:
-        raise ApiError(422, "unsupported_language", f"this server's model transcribes {', '.join(st.languages)} "
-                       f"only; language={opts.language!r} was asked for")
+    langs = st.accepted_languages
+    if opts.language and langs and opts.language not in langs:
+        raise ApiError(422, "unsupported_language", f"this server's model transcribes {', '.join(langs)} only; "
+                       f"language={opts.language!r} was asked for")
     if opts.webhook_url:
         try:
             check_url(opts.webhook_url, st.webhook_allow_hosts)

@@ -43,9 +43,9 @@ class Settings(BaseSettings):
     model_path: str | None = Field(None, description="Checkpoint dir; None = the bundled tiny.en.")
     served_models: list[str] = Field(["whisper", "whisper-1", "tiny.en"],
                                      description="Names accepted in the `model` request field; others get 422.")
-    languages: list[str] = Field(["en"], description="ISO 639-1 codes the served model transcribes (the bundled "
-                                 "tiny.en: English only); a request for another gets 422 unsupported_language. "
-                                 "Empty: any (a multilingual model).")
+    languages: list[str] | None = Field(None, description="ISO 639-1 codes the served model transcribes; a "
+                                        "request for another gets 422 unsupported_language. Empty: any. Unset: "
+                                        "['en'] for the whisper family (the bundled tiny.en), any for moss-td.")
     device: str = Field("cpu", description="Engine device: cpu, cuda or cuda:N.")
     engine_url: str = Field("http://127.0.0.1:8100", description="The engine server workers talk to (non-embedded).")
     engine_host: str = Field("127.0.0.1", description="`diarist engine` listen address (keep it loopback).")
@@ -84,6 +84,13 @@ class Settings(BaseSettings):
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
         [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+
+    @property
+    def accepted_languages(self) -> list[str]:
+        """``languages``, or its default for the model family; empty means any language."""
+        if self.languages is not None:
+            return self.languages
+        return ["en"] if self.model == "whisper" else []
 
     @property
     def auth_enabled(self) -> bool:

@@ -90,6 +90,11 @@ def test_language_is_an_iso_code_the_model_transcribes(client, app_with):
     multilingual = app_with(languages=[])  # a multilingual model's server takes any code
     r = multilingual.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": "zh"})
     assert r.status_code == 202, r.text
+    from diarist.settings import Settings  # unset, the default follows the model family
+
+    assert Settings(_env_file=None, model="moss-td").accepted_languages == []
+    assert Settings(_env_file=None).accepted_languages == ["en"]
+    assert Settings(_env_file=None, languages=["en", "de"]).accepted_languages == ["en", "de"]
 
 
 def test_unknown_model_is_422(client):
