@@ -41,6 +41,9 @@ class JobOptions(BaseModel):
     def _speakers(self) -> JobOptions:
         if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
             raise ValueError("min_speakers must not exceed max_speakers")
+        if self.num_speakers and ((self.min_speakers and self.num_speakers < self.min_speakers)
+                                  or (self.max_speakers and self.num_speakers > self.max_speakers)):
+            raise ValueError("num_speakers must lie between min_speakers and max_speakers")
         return self
 
     def engine_options(self) -> dict[str, Any]:

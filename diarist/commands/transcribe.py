@@ -97,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"diarist: error: engine_error: {e}", file=sys.stderr)
         return 1
     content, _media = render(Transcript.from_engine(result), args.format, file_id=path.stem)
-    sys.stdout.write(content)
+    sys.stdout.write(content if content.endswith("\n") else content + "\n")  # a shell prompt on its own line
     sys.stdout.flush()
     return 0

@@ -45,13 +45,22 @@ def _fold_small(emb: np.ndarray, labels: np.ndarray, mass_of: Callable[[np.ndarr
         labels[labels == ids[small]] = ids[int(np.argmax(sim))]
 
 
+MAX_SPEAKERS = 64
+"""Largest speaker-count hint taken (the API's limit too)."""
+
+
 def check_hints(num_speakers: int | None, min_speakers: int | None, max_speakers: int | None) -> None:
-    """Raise ``ValueError`` for speaker-count hints below 1 or ``min_speakers > max_speakers``."""
+    """Raise ``ValueError`` for speaker-count hints outside ``1..MAX_SPEAKERS``, ``min_speakers >
+    max_speakers``, or a ``num_speakers`` outside the given ``min_speakers`` / ``max_speakers``."""
     for name, v in (("num_speakers", num_speakers), ("min_speakers", min_speakers), ("max_speakers", max_speakers)):
-        if v is not None and v < 1:
-            raise ValueError(f"{name} must be >= 1, got {v}")
+        if v is not None and not 1 <= v <= MAX_SPEAKERS:
+            raise ValueError(f"{name} must be between 1 and {MAX_SPEAKERS}, got {v}")
     if min_speakers is not None and max_speakers is not None and min_speakers > max_speakers:
         raise ValueError(f"min_speakers ({min_speakers}) > max_speakers ({max_speakers})")
+    if num_speakers is not None and ((min_speakers is not None and num_speakers < min_speakers)
+                                     or (max_speakers is not None and num_speakers > max_speakers)):
+        raise ValueError(f"num_speakers ({num_speakers}) contradicts min_speakers ({min_speakers}) / "
+                         f"max_speakers ({max_speakers})")
 
 
 def assign_to_centroids(emb: np.ndarray, centroids: np.ndarray, groups: list[int]) -> np.ndarray:

@@ -70,6 +70,8 @@ def test_invalid_options_are_422(client):
     r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"min_speakers": "3", "max_speakers": "2"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
     assert "min_speakers" in r.json()["error"]["message"] and "Value error" not in r.json()["error"]["message"]
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"num_speakers": "3", "max_speakers": "2"})
+    assert r.status_code == 422 and "num_speakers must lie between" in r.json()["error"]["message"]
     r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"num_speakers": "zero"})
     assert r.status_code == 422 and "num_speakers" in r.json()["error"]["message"]
 

@@ -81,6 +81,9 @@ def test_transcribe_prints_speaker_lines(capsys, whisper_engine, monkeypatch):
     status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.flac")), "--format", "txt")
     assert status == 0, err
     assert out.startswith("[0.") and " S01: " in out and "ask not what your country" in out.lower()
+    for fmt in ("json", "verbose_json", "diarized_json", "srt", "vtt", "rttm"):  # each ends its last line
+        status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.flac")), "-f", fmt)
+        assert status == 0 and out.endswith("\n") and not out.endswith("\n\n\n"), (fmt, out[-40:])
 
 
 @pytest.mark.slow
@@ -129,7 +132,9 @@ def test_transcribe_directory_is_not_reported_missing(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("hints", [["--num-speakers", "0"], ["--min-speakers", "-2"], ["--max-speakers", "0"],
-                                   ["--min-speakers", "3", "--max-speakers", "2"]])
+                                   ["--min-speakers", "3", "--max-speakers", "2"], ["--num-speakers", "1000000"],
+                                   ["--num-speakers", "2", "--max-speakers", "1"],
+                                   ["--num-speakers", "2", "--min-speakers", "3"]])
 def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, monkeypatch):
     import engine
 
