@@ -168,7 +168,10 @@ class Transcriber:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
-            return self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            if diarize and not canceled:
+                result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
+            return result
         seqs = self._run_windows(wave, windows, opts, on_event, should_cancel)
         segments: list[dict] = []
         for w, seq in zip(windows, seqs, strict=True):
@@ -186,8 +189,8 @@ class Transcriber:
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
         result = self._result(duration, segments, finish, metrics, no_speech=not segments)
-        if turns is not None:
-            result["turns"] = turns
+        if turns is not None or (diarize and finish != FinishReason.ABORT.value):
+            result["turns"] = turns if turns is not None else []
         return result
 
     def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,

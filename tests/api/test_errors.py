@@ -138,6 +138,7 @@ def test_a_30_ms_clip_is_an_empty_transcript_not_an_error(client, wait_job):
     assert job["status"] == "completed", job
     t = client.get(f"/v1/jobs/{job['id']}/transcript").json()
     assert t["segments"] == [] and t["speakers"] == [] and t["no_speech"] is True and t["finish_reason"] == "stop"
+    assert t["turns"] == []
     assert abs(t["duration"] - 0.03) < 1e-6
 
 

@@ -55,6 +55,7 @@ def test_demo_recording_two_speakers_and_wer(tr):
 def test_tiny_and_no_speech_inputs_give_an_empty_transcript(tr, rel):
     r = tr.transcribe(data_file(rel))
     assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
+    assert r["turns"] == []  # the speaker cascade's answer, as docs/service.md says: nobody spoke
 
 
 def test_digital_silence_gives_no_speech(tr):
