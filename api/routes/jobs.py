@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -119,7 +120,9 @@ def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep
         data = services.store.get_bytes(job.transcript_key)
     except ObjectNotFound:
         raise ApiError(404, "not_found", "the transcript was deleted") from None
-    content, media_type = render(Transcript.model_validate_json(data), format, file_id=job.id)
+    # RTTM's file id names the recording, as reference RTTMs do: the upload's name without its extension
+    file_id = PurePath(job.filename).stem if job.filename else job.id
+    content, media_type = render(Transcript.model_validate_json(data), format, file_id=file_id or job.id)
     return Response(content, media_type=media_type)
 
 

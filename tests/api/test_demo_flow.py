@@ -66,7 +66,7 @@ def test_txt_is_speaker_labelled_lines(demo_job, client):
 @pytest.mark.parametrize(("fmt", "media", "marker"), [
     ("srt", "application/x-subrip", "-->"),
     ("vtt", "text/vtt", "WEBVTT"),
-    ("rttm", "text/plain", "SPEAKER job_"),
+    ("rttm", "text/plain", "SPEAKER demo_2spk_phonecall 1 "),  # the recording name, as in reference RTTMs
     ("json", "application/json", '"segments"'),
 ])
 def test_other_formats(demo_job, client, fmt, media, marker):
