@@ -25,6 +25,17 @@ from diarist.evaluation import TranscribeFn, evaluate
 DEFAULT_COLLARS = (0.0, 0.25)
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a collar in seconds, finite and >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"a collar is >= 0 s, got {text}")
+    return v
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", help="folder of items laid out like ../shared/data (see MANIFEST.md)")
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
@@ -35,7 +46,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the JSON report to this file")
     p.add_argument("--items", action="append", default=None, metavar="GLOB",
                    help="only items whose id (folder/file) matches; repeatable")
-    p.add_argument("--collar", action="append", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--collar", action="append", type=_seconds, default=None, metavar="SECONDS",
                    help="DER/JER collar on each side of reference boundaries; repeatable (default 0 and 0.25)")
     p.add_argument("--hyp-dir", default=None,
                    help="score saved engine results (<id with / as __>.json) instead of transcribing")

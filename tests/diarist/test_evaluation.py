@@ -238,6 +238,10 @@ def test_cli_usage_errors(tmp_path, capsys):
     assert "no items with reference files" in capsys.readouterr().err
     assert eval_cmd.main([str(tmp_path / "empty"), "--hyp-dir", str(tmp_path / "nope")]) == 2
     assert "--hyp-dir not found" in capsys.readouterr().err
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit) as e:
+            eval_cmd.main([str(tmp_path), "--collar", bad])
+        assert e.value.code == 2 and "--collar" in capsys.readouterr().err
 
 
 def test_cli_out_that_is_a_directory_is_a_usage_error(synthetic, tmp_path, capsys):
