@@ -99,6 +99,21 @@ def _pick(by_name: dict, audio_stem: str, path: Path, kind: str) -> Any:
         f"{kind} file {path} has recordings {sorted(by_name)} but none named after the audio {audio_stem!r}")
 
 
+def _check_rttm_times(text: str, path: Path) -> None:
+    """``ReferenceFileError`` for a ``SPEAKER`` line whose onset is negative or whose duration is not
+    positive (pyannote would drop or flip such a turn, silently changing DER)."""
+    for n, line in enumerate(text.splitlines(), 1):
+        f = line.split()
+        if len(f) >= 5 and f[0] == "SPEAKER":
+            try:
+                start, dur = float(f[3]), float(f[4])
+            except ValueError:
+                continue  # load_rttm reports unparsable fields
+            if start < 0 or not dur > 0:
+                raise ReferenceFileError(f"RTTM file {path} line {n}: a turn needs onset >= 0 and duration > 0, "
+                                         f"got onset {f[3]} and duration {f[4]}")
+
+
 def load_references(item: Item) -> References:
     """Read the item's reference files; problems are collected as messages in ``errors``, never raised."""
     refs = References()
@@ -127,9 +142,11 @@ def load_references(item: Item) -> References:
             from pyannote.core import Annotation
             from pyannote.database.util import load_rttm
 
-            if not item.rttm.read_text(encoding="utf-8").strip():
+            text = item.rttm.read_text(encoding="utf-8")
+            if not text.strip():
                 refs.rttm = Annotation(uri=stem)  # an empty RTTM says: nobody speaks
             else:
+                _check_rttm_times(text, item.rttm)
                 refs.rttm = _pick(load_rttm(item.rttm), stem, item.rttm, "RTTM")
         except ReferenceFileError as e:
             refs.errors.append(str(e))

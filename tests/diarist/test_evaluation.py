@@ -179,6 +179,8 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
     (d / "e.wav").write_bytes(b"")
     (d / "e.stm").write_text("e 1 A 0 1 ?\n")
     (d / "e.rttm").write_text("SPEAKER e 1 0.0 1.0 <NA> <NA> A <NA> <NA>\n")
+    (d / "f.wav").write_bytes(b"")
+    (d / "f.rttm").write_text("SPEAKER f 1 0.0 1.0 <NA> <NA> A <NA> <NA>\nSPEAKER f 1 2.0 -0.5 <NA> <NA> B <NA> <NA>\n")
 
     def fake(path, **hints):
         if Path(path).stem == "c":
@@ -197,7 +199,11 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
     assert by["bad/e.wav"]["der_c0"] == 0 and by["bad/e.wav"]["speaker_count_error"] == 0
     # a and b have no usable reference: reported without transcribing; c failed in the transcriber
     assert by["bad/a.wav"]["error"].startswith("no usable reference file: ")
-    assert report["overall"]["failed"] == 3
+    # a turn with a negative duration is named, line and values, and the item is not scored on it
+    assert by["bad/f.wav"]["reference_errors"] == [
+        f"RTTM file {d / 'f.rttm'} line 2: a turn needs onset >= 0 and duration > 0, got onset 2.0 and duration -0.5"]
+    assert by["bad/f.wav"]["error"].startswith("no usable reference file: ")
+    assert report["overall"]["failed"] == 4
 
     with pytest.raises(FileNotFoundError, match="data directory not found"):
         evaluate(tmp_path / "nope", fake)
