@@ -14,6 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from diarist.commands import plain
+
 FINAL = ("completed", "failed", "canceled")
 
 
@@ -24,7 +26,7 @@ def demo_recording() -> Path:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("demo", help="transcribe the shipped recording through the whole embedded stack",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--file", default=None, help="another recording to submit instead of the shipped one")
     p.add_argument("--keep-running", action="store_true", help="keep serving the API after the demo job")
     p.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")

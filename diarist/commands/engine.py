@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from diarist.commands import plain
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("engine", help="run the engine server (one per GPU)", description=__doc__)
+    p = subparsers.add_parser("engine", help="run the engine server (one per GPU)", description=plain(__doc__))
     p.add_argument("--host", default=None, help="listen address (default DIARIST_ENGINE_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE)")

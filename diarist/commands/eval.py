@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from diarist.commands import plain
 from diarist.evaluation import TranscribeFn, evaluate
 
 DEFAULT_COLLARS = (0.0, 0.25)
@@ -56,7 +57,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on an ``argparse`` subparsers object; returns the new parser."""
     p = subparsers.add_parser("eval", help="transcribe a data folder and report WER/CER/cpWER/DER/JER/RTF",
-                              description=__doc__.splitlines()[0])
+                              description=plain(__doc__).splitlines()[0])
     _add_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone entry point: ``python -m diarist.commands.eval DATA_DIR ...``."""
-    p = argparse.ArgumentParser(prog="diarist eval", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="diarist eval", description=plain(__doc__).splitlines()[0])
     _add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -10,9 +10,11 @@ import argparse
 import json
 from typing import Any
 
+from diarist.commands import plain
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("keys", help="create, list or revoke API keys", description=__doc__,
+    p = subparsers.add_parser("keys", help="create, list or revoke API keys", description=plain(__doc__),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="keys_command", metavar="ACTION")
     sub.required = True

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from diarist.commands import plain
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("migrate", help="upgrade the database schema to the latest migration",
-                              description=__doc__)
+                              description=plain(__doc__))
     p.add_argument("--revision", default="head")
     p.set_defaults(func=run)
     return p

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from diarist.commands import plain
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="run the HTTP API (--embedded: the whole stack in one process)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--embedded", action="store_true", help="SQLite + local store + in-process worker and engine")
     p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")

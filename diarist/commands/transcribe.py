@@ -10,12 +10,13 @@ import argparse
 import sys
 from typing import Any
 
+from diarist.commands import plain
 from diarist.formats import SUPPORTED_FORMATS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("transcribe", help="transcribe a file with the in-process engine (no service)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="audio or video file (any container FFmpeg reads)")
     p.add_argument("--format", "-f", default="txt", choices=SUPPORTED_FORMATS, help="output format (default txt)")
     p.add_argument("--model", default="whisper", help="model family (default: whisper, the bundled tiny.en)")

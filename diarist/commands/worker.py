@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from diarist.commands import plain
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("worker", help="run a Celery worker for one duration class", description=__doc__)
+    p = subparsers.add_parser("worker", help="run a Celery worker for one duration class", description=plain(__doc__))
     p.add_argument("--class", dest="klass", required=True, choices=("short", "long", "webhooks"))
     p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
     p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
