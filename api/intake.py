@@ -7,6 +7,7 @@ once (422 ``decode_failed`` / ``no_audio_stream`` / ``empty_audio``) rather than
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -28,21 +29,23 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, "too_large", f"the audio is larger than the limit of {limit} bytes")
 
 
-def save_stream(src: BinaryIO, limit: int, dest_dir: str | None = None) -> tuple[Path, int]:
-    """Copy ``src`` to a new temp file in 1 MiB chunks; 413 ``too_large`` past ``limit`` bytes."""
+def save_stream(src: BinaryIO, limit: int, dest_dir: str | None = None) -> tuple[Path, int, str]:
+    """Copy ``src`` to a new temp file in 1 MiB chunks; 413 ``too_large`` past ``limit`` bytes.
+    Returns ``(path, size in bytes, SHA-256 hex of the content)``."""
     fd, name = tempfile.mkstemp(prefix="diarist-upload-", dir=dest_dir)
-    size = 0
+    size, digest = 0, hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(CHUNK):
                 size += len(chunk)
                 if size > limit:
                     raise _too_large(limit)
+                digest.update(chunk)
                 out.write(chunk)
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise
-    return Path(name), size
+    return Path(name), size, digest.hexdigest()
 
 
 def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> tuple[Path, int]:

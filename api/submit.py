@@ -1,7 +1,9 @@
-"""Creating a job: validate options ▸ idempotency ▸ receive audio ▸ measure ▸ store ▸ row ▸ enqueue."""
+"""Creating a job: validate options ▸ receive audio ▸ idempotency ▸ measure ▸ store ▸ row ▸ enqueue."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,25 @@ def resolve_model(services: Services, name: str | None) -> str:
     return name
 
 
+def request_fingerprint(model: str, opts: JobOptions, source: str) -> str:
+    """SHA-256 hex of what makes a job request what it is: the model, the engine options, the webhook and
+    the audio (``sha256:<content hash>`` for an upload, ``url:<audio_url>`` for a fetch; a URL is not
+    fetched again to replay)."""
+    body = {"model": model, "options": opts.engine_options(), "webhook_url": opts.webhook_url, "audio": source}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _replay(job: Job, fingerprint: str) -> Job:
+    """The job an Idempotency-Key already made, if this request is the same one (jobs stored before the
+    fingerprint existed replay as before); 422 ``idempotency_key_reused`` otherwise (IETF draft
+    "The Idempotency-Key HTTP Header Field", §2.7: a key reused with a different payload)."""
+    if job.request_sha256 is not None and job.request_sha256 != fingerprint:
+        raise ApiError(422, "idempotency_key_reused",
+                       f"this Idempotency-Key made job {job.id} from a different request (audio, model or "
+                       "options); use a new key for a new request")
+    return job
+
+
 def _existing(services: Services, principal: Principal, key: str) -> Job | None:
     with services.db.session() as s:
         job = s.scalar(select(Job).where(Job.owner_key == principal.key_id, Job.idempotency_key == key))
@@ -58,8 +79,8 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
 
-    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``, ``invalid_url``, ``url_not_allowed``,
-    ``url_fetch_failed``, ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``too_long``,
+    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``,
+    ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``too_long``,
     ``too_short``; 503 ``queue_unavailable``.
     """
     st = services.settings
@@ -73,15 +94,20 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
             check_url(opts.webhook_url, st.webhook_allow_hosts)
         except UnsafeURL as e:
             raise ApiError(422, e.code, f"webhook_url: {e.message}") from None
-    if idempotency_key and (job := _existing(services, principal, idempotency_key)) is not None:
-        return job, False
+    existing = _existing(services, principal, idempotency_key) if idempotency_key else None
+    fingerprint = request_fingerprint(model, opts, f"url:{source.url}") if source.url is not None else None
+    if existing is not None and fingerprint is not None:
+        return _replay(existing, fingerprint), False
 
     tmp: Path | None = None
     try:
         if source.url is not None:
             tmp, size = intake.fetch_url(source.url, source.headers, st)
         else:
-            tmp, size = intake.save_stream(source.fileobj, st.max_upload_bytes)
+            tmp, size, digest = intake.save_stream(source.fileobj, st.max_upload_bytes)
+            fingerprint = request_fingerprint(model, opts, f"sha256:{digest}")
+            if existing is not None:  # the upload had to be read to know whether it is the same one
+                return _replay(existing, fingerprint), False
         duration = intake.measure_duration(tmp)
         intake.check_duration(duration, st)
         job_id = job_id or new_id("job")
@@ -95,7 +121,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
               filename=(source.filename or None) if source.url is None else source.url[:500], audio_key=audio_key,
               audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
-              webhook_url=opts.webhook_url)
+              webhook_url=opts.webhook_url, request_sha256=fingerprint)
     try:
         with services.db.session() as s:
             s.add(job)
@@ -103,7 +129,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         # A concurrent request with the same Idempotency-Key won the insert.
         services.store.delete_prefix(f"jobs/{job_id}/")
         if idempotency_key and (existing := _existing(services, principal, idempotency_key)) is not None:
-            return existing, False
+            return _replay(existing, fingerprint), False
         raise
     try:
         services.dispatcher.transcribe(job_id, queue)

@@ -71,6 +71,9 @@ class Job(Base):
     # Owner for scoping: the API key id, or "" when auth is off (unique constraints ignore NULLs).
     owner_key: Mapped[str] = mapped_column(String(40), default="", index=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), default=None)
+    # SHA-256 of the request (model, options, webhook, audio; api.submit.request_fingerprint): a reused
+    # Idempotency-Key replays the job only for the same request.
+    request_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED.value, index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -34,6 +34,25 @@ def test_idempotency_key_returns_the_same_job(client, yes_wav, wait_job):
         assert wait_job(client, j["id"])["status"] == "completed"
 
 
+def test_idempotency_key_reused_for_a_different_request_is_422(client, yes_wav, wait_job):
+    """The same key with other audio or other options is a client bug, not a retry: it must not be
+    answered with the first job's transcript (IETF Idempotency-Key draft: 422)."""
+    h = {"Idempotency-Key": "client-retry-43"}
+    first = client.post("/v1/jobs", files={"file": ("y.wav", yes_wav)}, data={"num_speakers": "1"}, headers=h)
+    assert first.status_code == 202
+    jfk = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    for files, data in [({"file": ("y.wav", jfk)}, {"num_speakers": "1"}),  # other audio, same name
+                        ({"file": ("y.wav", yes_wav)}, {"num_speakers": "2"}),  # other options
+                        ({"file": ("y.wav", yes_wav)}, {})]:
+        r = client.post("/v1/jobs", files=files, data=data, headers=h)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "idempotency_key_reused", r.text
+        assert first.json()["id"] in r.json()["error"]["message"]
+    again = client.post("/v1/jobs", files={"file": ("other-name.wav", yes_wav)}, data={"num_speakers": "1"},
+                        headers=h)  # the same request (a file name is not part of it)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert wait_job(client, first.json()["id"])["status"] == "completed"
+
+
 def test_audio_url_is_fetched_with_its_headers(client, wait_job):
     wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
     seen = {}
