@@ -103,8 +103,10 @@ class JobOut(BaseModel):
     progress: float = Field(0.0, description="0..1")
     attempts: int = 0
     options: dict[str, Any] = {}
-    language: str | None = None
-    num_speakers: int | None = None
+    language: str | None = Field(None, description="The transcript's language, once completed (the request's "
+                                 "hint is in `options`).")
+    num_speakers: int | None = Field(None, description="Speakers found in the transcript, once completed (the "
+                                     "request's hints are in `options`).")
     incomplete: bool = Field(False, description="The transcript may be cut short (finish_reason != stop).")
     error: ErrorInfo | None = None
     metrics: Metrics | None = None
