@@ -21,7 +21,9 @@ class JobOptions(BaseModel):
     language: str | None = Field(None, max_length=16, description="ISO 639-1 code of the speech, e.g. `en`; "
                                  "one the server's model does not transcribe gets 422 unsupported_language.")
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
-    num_speakers: int | None = Field(None, ge=1, le=64, description="Exact speaker count, if known.")
+    num_speakers: int | None = Field(None, ge=1, le=64, description="Speaker count, if known: the clustering "
+                                     "makes exactly this many speakers, but one who never dominates a stretch of "
+                                     "speech does not appear, so a transcript can show fewer.")
     min_speakers: int | None = Field(None, ge=1, le=64)
     max_speakers: int | None = Field(None, ge=1, le=64)
     multichannel: bool = Field(False, description="One speaker per channel.")
