@@ -9,7 +9,9 @@ normalised once, in :meth:`Transcript.from_engine`, so that every exporter in
   speaker's previous segment);
 - speakers relabelled ``S01``, ``S02``, ... in order of first appearance over the whole
   recording (never restarted per window), ``None`` kept for "speaker unknown";
-- ``coverage`` = last segment end / duration, so a truncated decode is visible.
+- ``coverage`` = last segment end / duration, so a truncated decode is visible;
+- times rounded to the millisecond (rounding is monotonic, so the invariants above survive it), which
+  every export format can represent and no alignment method resolves better.
 
 This module must stay free of torch and of the engine: the service's API and
 worker processes import it.
@@ -162,11 +164,11 @@ class Transcript(BaseModel):
             words = None
             if s["words"] is not None:
                 words = [
-                    Word(word=w["word"], start=w["start"], end=w["end"],
+                    Word(word=w["word"], start=_ms(w["start"]), end=_ms(w["end"]),
                          speaker=label(w["speaker"]) if w["speaker"] is not None else speaker)
                     for w in s["words"]
                 ]
-            segments.append(Segment(id=len(segments), speaker=speaker, start=s["start"], end=s["end"],
+            segments.append(Segment(id=len(segments), speaker=speaker, start=_ms(s["start"]), end=_ms(s["end"]),
                                     text=s["text"], words=words, channel=s["channel"]))
 
         turns = None
@@ -177,13 +179,14 @@ class Transcript(BaseModel):
                 start, end = _finite(tr.get("start")), _finite(tr.get("end"))
                 if start is None or end is None:  # a turn without its times says nothing about when
                     continue
-                start, end = _clamp(start, 0.0, duration), _clamp(end, 0.0, duration)
+                start, end = _ms(_clamp(start, 0.0, duration)), _ms(_clamp(end, 0.0, duration))
                 speaker = label(tr.get("speaker"))
                 if end > start and speaker is not None:
                     turns.append(SpeakerTurn(speaker=speaker, start=start, end=end))
             if not turns and segments:  # no usable turn: the segments are the better account of who spoke
                 turns = None
 
+        duration = _ms(duration)
         finish = result.get("finish_reason") or "stop"
         finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
         if segments and duration > 0:
@@ -231,6 +234,11 @@ def _speaker_key(value: Any) -> Any:
 
 def _clamp(t: float | None, lo: float, hi: float) -> float:
     return lo if t is None else min(hi, max(lo, t))
+
+
+def _ms(seconds: float) -> float:
+    """``seconds`` rounded to the millisecond (monotonic: ``a <= b`` gives ``_ms(a) <= _ms(b)``)."""
+    return round(seconds, 3)
 
 
 def _clamp_segments(raw: list[dict], duration: float) -> list[dict]:

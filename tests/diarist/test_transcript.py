@@ -80,6 +80,21 @@ def test_words_clamped_monotonic_and_labelled():
     assert [(x.word, x.start, x.end, x.speaker) for x in w] == [(" hi", 0.0, 0.4, "S01"), (" there", 0.4, 2.0, "S01")]
 
 
+def test_times_are_rounded_to_the_millisecond():
+    """Alignment arithmetic leaves float noise (1.7493750000000001); every output carries milliseconds."""
+    words = [{"word": " a", "start": 1.7493750000000001, "end": 8.886875000000002}]
+    t = Transcript.from_engine(result([seg(0, 1.7493750000000001, 8.886875000000002, "a", words)],
+                                      duration=12.34567, turns=[{"speaker": 0, "start": 0.0004, "end": 9.9996}]))
+    s = t.segments[0]
+    assert (s.start, s.end, s.words[0].start, s.words[0].end) == (1.749, 8.887, 1.749, 8.887)
+    assert t.duration == 12.346 and (t.turns[0].start, t.turns[0].end) == (0.0, 10.0)
+    assert '"start": 1.749,' in t.model_dump_json(indent=1).replace("\n", "")
+    # a turn shorter than a millisecond has no length left and is dropped like any empty turn
+    t = Transcript.from_engine(result([seg(0, 1.0, 2.0)], turns=[{"speaker": 0, "start": 1.0001, "end": 1.0004},
+                                                                  {"speaker": 0, "start": 1.0, "end": 2.0}]))
+    assert [(x.start, x.end) for x in t.turns] == [(1.0, 2.0)]
+
+
 def test_coverage_finish_reason_and_incomplete():
     t = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0, finish_reason="length"))
     assert t.coverage == 0.25
