@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from diarist import scoring
-from diarist.references import Item, References, discover, load_references
+from diarist.references import Item, References, discover, load_references, unmatched_references
 from diarist.transcript import Transcript
 
 __all__ = ["Item", "References", "aggregate", "discover", "evaluate", "load_references", "score_item"]
@@ -88,9 +88,8 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data directory not found: {data_dir}")
-    items, skipped = discover(data_dir)
-    if patterns:
-        items = [i for i in items if any(fnmatch.fnmatch(i.id, p) for p in patterns)]
+    found, skipped = discover(data_dir)
+    items = [i for i in found if any(fnmatch.fnmatch(i.id, p) for p in patterns)] if patterns else found
     records = []
     for item in items:
         rec = _run_item(item, transcribe_fn, collars, timing, save_dir)
@@ -98,7 +97,8 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
         if on_item:
             on_item(rec)
     return {"data_dir": str(data_dir), "collars_s_each_side": list(collars), "definitions": DEFINITIONS,
-            "overall": aggregate(records, collars), "items": records, "skipped_no_reference": skipped}
+            "overall": aggregate(records, collars), "items": records, "skipped_no_reference": skipped,
+            "unmatched_references": unmatched_references(data_dir, found)}
 
 
 def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...], timing: str,

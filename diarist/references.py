@@ -77,6 +77,14 @@ def discover(data_dir: Path) -> tuple[list[Item], list[str]]:
     return items, skipped
 
 
+def unmatched_references(data_dir: Path, items: list[Item]) -> list[str]:
+    """Reference files (``.txt``, ``.stm``, ``.rttm``) under ``data_dir`` that no audio file picked up, as
+    paths relative to it: usually a reference whose audio is missing or named differently."""
+    used = {p for i in items for p in (i.txt, i.stm, i.rttm, *i.channel_txts) if p is not None}
+    return sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
+                  if p.is_file() and p.suffix.lower() in (".txt", ".stm", ".rttm") and p not in used)
+
+
 def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 

@@ -184,6 +184,9 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
               "command": " ".join(shlex.quote(a) for a in sys.argv), "git_commit": _git_commit(),
               "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), **report}
     print(format_table(report))
+    if report.get("unmatched_references"):
+        print(f"diarist eval: reference files with no audio beside them (not scored): "
+              f"{', '.join(report['unmatched_references'])}", file=sys.stderr)
     if args.out:
         try:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)

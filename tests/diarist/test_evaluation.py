@@ -204,6 +204,8 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
         f"RTTM file {d / 'f.rttm'} line 2: a turn needs onset >= 0 and duration > 0, got onset 2.0 and duration -0.5"]
     assert by["bad/f.wav"]["error"].startswith("no usable reference file: ")
     assert report["overall"]["failed"] == 4
+    (d / "g.rttm").write_text("SPEAKER g 1 0.0 1.0 <NA> <NA> A <NA> <NA>\n")  # its audio is missing
+    assert evaluate(tmp_path / "data", fake)["unmatched_references"] == ["bad/g.rttm"]
 
     with pytest.raises(FileNotFoundError, match="data directory not found"):
         evaluate(tmp_path / "nope", fake)
