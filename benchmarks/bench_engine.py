@@ -69,6 +69,19 @@ def result_header(commit: str) -> dict:
             "torch": torch.__version__}
 
 
+def cuda_ms(fn: Callable[[], object], reps: int = 50) -> float:
+    """Mean milliseconds per call of ``fn`` on the current stream (CUDA events), after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / reps
+
+
 def json_saver(res: dict, out: str, markdown: Callable[[dict], str] | None = None,
                md: str = "") -> Callable[[], None]:
     """A function that writes ``res`` to ``out`` (and ``markdown(res)`` to ``md``) when those are set;

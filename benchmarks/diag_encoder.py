@@ -43,19 +43,6 @@ from engine.ops import linear as engine_linear
 SR = 16_000
 
 
-def _cuda_ms(fn, reps: int = 50) -> float:
-    """Mean milliseconds per call on the current stream (CUDA events), after three warm-up calls."""
-    for _ in range(3):
-        fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / reps
-
-
 def _kernel_names(fn) -> list[str]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -84,7 +71,7 @@ def gemm_gelu() -> dict:
         for name, fn in variants.items():
             try:
                 y = fn()
-                ms = _cuda_ms(fn)
+                ms = bench_engine.cuda_ms(fn)
                 row = {"ms": ms, "tflops": 2 * m * k * n / ms / 1e9}
                 if name != "cublas_only":
                     err = (y.float() - exact).abs()
@@ -112,8 +99,8 @@ def encoder(model) -> dict:
         for w in (1, 8):
             x = waves[:w]
             mel = model.window_mel(x)
-            res[f"{tag}_eager_{w}_ms"] = _cuda_ms(lambda mel=mel: enc(mel), 20)
-            res[f"{tag}_graph_{w}_ms"] = _cuda_ms(lambda x=x, graphs=graphs: graphs(x), 20)
+            res[f"{tag}_eager_{w}_ms"] = bench_engine.cuda_ms(lambda mel=mel: enc(mel), 20)
+            res[f"{tag}_graph_{w}_ms"] = bench_engine.cuda_ms(lambda x=x, graphs=graphs: graphs(x), 20)
         outs[tag] = enc(model.window_mel(waves)).float()
         res[f"{tag}_graph_equals_eager_8"] = bool(torch.equal(graphs(waves).float(), outs[tag]))
         del graphs

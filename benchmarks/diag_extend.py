@@ -8,7 +8,7 @@ Usage (GPU): python benchmarks/diag_extend.py --commit SHA --out OUT.json
 """
 
 # ruff: noqa: B023
-# (each closure runs inside time_ms before its loop variables change)
+# (each closure runs inside cuda_ms before its loop variables change)
 from __future__ import annotations
 
 import argparse
@@ -21,24 +21,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_engine import result_header
+from benchmarks.bench_engine import cuda_ms, json_saver, result_header
 from engine.attention.triton_ops.extend import extend_attention
 
 HQ, HKV, D, EXT = 16, 8, 128, 4096
 TILES = [(64, 64, None, 2), (64, 64, 4, 2), (64, 64, 8, 3), (64, 32, 4, 3), (32, 64, 4, 3), (128, 64, 8, 2),
          (64, 128, 8, 2), (128, 32, 8, 3)]
-
-
-def time_ms(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / reps
 
 
 def main() -> None:
@@ -71,7 +59,7 @@ def main() -> None:
                                      table=table, src_len=slots, block_m=bm, block_n=bn, num_warps=warps,
                                      num_stages=stages)
                 try:
-                    ms = time_ms(run)
+                    ms = cuda_ms(run, 5)
                 except Exception as e:  # noqa: BLE001 - an over-large tile (shared memory): record why, go on
                     res["rows"].append({"kv": kv, "keys": name, "tile": [bm, bn, warps, stages],
                                         "error": f"{type(e).__name__}: {str(e)[:100]}"})
@@ -83,12 +71,11 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
         qs = q.view(1, EXT, HQ, D).transpose(1, 2)
         ks, vs = kb[:kv].view(1, kv, HKV, D).transpose(1, 2), vb[:kv].view(1, kv, HKV, D).transpose(1, 2)
-        ms = time_ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True))
+        ms = cuda_ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True), 5)
         row = {"kv": kv, "keys": "torch SDPA, no mask", "ms": ms, "tflops": 4 * HQ * D * EXT * kv / ms / 1e9}
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
+    json_saver(res, args.out)()
 
 
 if __name__ == "__main__":

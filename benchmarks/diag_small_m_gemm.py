@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from triton.runtime.errors import OutOfResources
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode_ops import graph_us
-from benchmarks.bench_engine import result_header
+from benchmarks.bench_engine import json_saver, result_header
 
 SHAPES = [("qkv", 4096, 1024), ("o_proj", 1024, 2048), ("gate_up", 6144, 1024), ("down", 1024, 3072)]
 LAYERS = 28
@@ -160,8 +159,7 @@ def main() -> None:
     res = result_header(args.commit)
     res["sweep"] = sweep(rows)
     res["chain"] = chain(rows, res["sweep"])
-    if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1))
+    json_saver(res, args.out)()
 
 
 if __name__ == "__main__":
