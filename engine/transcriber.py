@@ -189,7 +189,7 @@ class Transcriber:
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
         result = self._result(duration, segments, finish, metrics, no_speech=not segments)
-        if turns is not None or (diarize and finish != FinishReason.ABORT.value):
+        if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
 
