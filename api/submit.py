@@ -80,8 +80,8 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
 
     Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``,
-    ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``too_long``,
-    ``too_short``; 503 ``queue_unavailable``.
+    ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``,
+    ``no_audio_stream``, ``empty_audio``, ``too_long``, ``too_short``; 503 ``queue_unavailable``.
     """
     st = services.settings
     model = resolve_model(services, opts.model)

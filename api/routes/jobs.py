@@ -121,8 +121,8 @@ def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep
     except ObjectNotFound:
         raise ApiError(404, "not_found", "the transcript was deleted") from None
     # RTTM's file id names the recording, as reference RTTMs do: the upload's name without its extension
-    file_id = PurePath(job.filename).stem if job.filename else job.id
-    content, media_type = render(Transcript.model_validate_json(data), format, file_id=file_id or job.id)
+    file_id = PurePath(job.filename or "").stem or job.id
+    content, media_type = render(Transcript.model_validate_json(data), format, file_id=file_id)
     return Response(content, media_type=media_type)
 
 
