@@ -11,6 +11,7 @@ COPY pyproject.toml constraints-cpu.txt README.md ./
 COPY api ./api
 COPY worker ./worker
 COPY engine ./engine
+COPY transcription ./transcription
 COPY diarist ./diarist
 COPY migrations ./migrations
 RUN pip install -c constraints-cpu.txt . && useradd --create-home --uid 10001 diarist

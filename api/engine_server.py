@@ -70,9 +70,9 @@ def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
 
 def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
     """An app serving ``engine`` (an ``engine.Engine`` whose loop is running)."""
-    from engine.audio import AudioError
+    from transcription.audio import AudioError
     from engine.request import RequestRejected
-    from engine.transcriber import EngineError, TranscribeOptions, Transcriber
+    from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     tr = Transcriber(engine)
     app = FastAPI(title="Diarist engine", version="1")

@@ -32,8 +32,8 @@ ENGLISH = [
 
 def _ours(files: list[Path], threads: int, repeats: int) -> dict:
     from engine import Engine, EngineConfig
-    from engine.audio import decode_audio
-    from engine.transcriber import TranscribeOptions, Transcriber
+    from transcription.audio import decode_audio
+    from transcription.transcriber import TranscribeOptions, Transcriber
 
     tr = Transcriber(Engine(EngineConfig(threads=threads or None)))
     opts = TranscribeOptions(diarize=False)
@@ -51,7 +51,7 @@ def _ours(files: list[Path], threads: int, repeats: int) -> dict:
 def _faster_whisper(files: list[Path], threads: int, repeats: int, compute_type: str) -> dict:
     from faster_whisper import WhisperModel
 
-    from engine.audio import decode_audio
+    from transcription.audio import decode_audio
     from engine.loaders import bundled_whisper_dir
 
     model = WhisperModel(str(bundled_whisper_dir()), device="cpu", compute_type=compute_type, cpu_threads=threads)

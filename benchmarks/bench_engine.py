@@ -41,7 +41,7 @@ from bench_baselines import (
 from engine import Engine, EngineConfig, Sequence
 from engine.attention.triton_ops import decode as decode_ops
 from engine.attention.triton_ops import extend as extend_ops
-from engine.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td_pipeline import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
     "w-short-c1": (800, 12.0, 60, 1),

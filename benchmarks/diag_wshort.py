@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_engine as be
 
 from engine import overlap as overlap_mod
-from engine.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td_pipeline import build_moss_sequence
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 

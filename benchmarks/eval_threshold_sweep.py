@@ -1,5 +1,5 @@
 """Clustering-cut sensitivity: `diarist eval` on the four RTTM items and the one-reader en/de recording at
-several cuts of ``engine.diarization.pipeline.THRESHOLD``, plus leave-one-out over the four RTTM items.
+several cuts of ``transcription.diarization.pipeline.THRESHOLD``, plus leave-one-out over the four RTTM items.
 DER is of the transcript's speaker turns (what the RTTM export writes), collar 0.25 s each side.
 
 Run from the repo root: .venv/bin/python benchmarks/eval_threshold_sweep.py OUT.json
@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-import engine.diarization.pipeline as P
+import transcription.diarization.pipeline as P
 from diarist.commands.eval import engine_transcribe_fn
 from diarist.evaluation import evaluate
 
@@ -43,7 +43,7 @@ commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=
 out = {"command": ".venv/bin/python " + " ".join(sys.argv), "git_commit": commit,
        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
        "what": f"transcript DER on its speaker turns (collar 0.25 s each side, overlap scored) and speaker counts from diarist eval, "
-               f"engine.diarization.pipeline.THRESHOLD set to each cut (default {DEFAULT}); everything else default",
+               f"transcription.diarization.pipeline.THRESHOLD set to each cut (default {DEFAULT}); everything else default",
        "driver_source": open(__file__).read(),
        "by_cut": {t: {"items": r, "ami_mean_der_c0.25": float(np.mean(ami(t))), "phone_der_c0.25": phone(t),
                       "one_reader_en_de_speakers": multi(t)}

@@ -123,7 +123,7 @@ class Transcript(BaseModel):
     def from_engine(cls, result: dict[str, Any]) -> Transcript:
         """Normalise an engine transcription result into a :class:`Transcript`.
 
-        ``result`` is the dict from ``engine.transcriber`` (all times seconds):
+        ``result`` is the dict from ``transcription.transcriber`` (all times seconds):
         ``{"duration", "language", "model", "segments": [{"speaker", "start", "end",
         "text", "words"?: [{"word", "start", "end", "speaker"?}], "channel"?}],
         "finish_reason", "no_speech", "turns"?: [{"speaker", "start", "end"}], ...}``. Speakers may be ints, ``"S03"``-style

@@ -2,7 +2,7 @@
 
 Both clients take a local audio path and job options, call ``on_event(kind, payload)`` with the engine's
 streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text}, ``finished``) and return the
-engine result dict (see ``engine.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
+engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
 with a machine code; ``retryable`` says whether another attempt could succeed.
 """
 
@@ -38,16 +38,16 @@ class EngineClient(Protocol):
 
 
 class InProcessEngineClient:
-    """Calls a :class:`engine.transcriber.Transcriber` in this process (embedded mode, tests)."""
+    """Calls a :class:`transcription.transcriber.Transcriber` in this process (embedded mode, tests)."""
 
     def __init__(self, transcriber: Any) -> None:
         self.transcriber = transcriber
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None) -> dict:
-        from engine.audio import AudioError
+        from transcription.audio import AudioError
         from engine.request import RequestRejected
-        from engine.transcriber import EngineError, TranscribeOptions
+        from transcription.transcriber import EngineError, TranscribeOptions
 
         opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None})
         try:

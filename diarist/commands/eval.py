@@ -69,7 +69,7 @@ def engine_transcribe_fn(model: str, model_path: str | None, device: str, diariz
     Imports torch and the engine (only here: the rest of ``diarist eval`` does not need them).
     """
     from engine import Engine, EngineConfig
-    from engine.transcriber import TranscribeOptions, Transcriber
+    from transcription.transcriber import TranscribeOptions, Transcriber
 
     transcriber = Transcriber(Engine(EngineConfig(model=model, model_path=model_path, device=device)))
 

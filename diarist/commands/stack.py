@@ -69,7 +69,7 @@ class EmbeddedStack:
         from api.app import create_app
         from diarist.services import Services
         from engine import Engine, EngineConfig
-        from engine.transcriber import Transcriber
+        from transcription.transcriber import Transcriber
         from worker.embedded import EmbeddedWorker
         from worker.engine_client import InProcessEngineClient
 

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("not_found", f"no such file: {args.file}")
     if not path.is_file():
         return fail("not_a_file", f"{args.file} is a directory or special file, not an audio file")
-    from engine.diarization.cluster import check_hints
+    from transcription.diarization.cluster import check_hints
 
     try:  # before the model loads: a bad hint would otherwise fail after the whole ASR pass
         check_hints(args.num_speakers, args.min_speakers, args.max_speakers)
@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from diarist.formats import render
     from diarist.transcript import Transcript
     from engine import Engine, EngineConfig
-    from engine.audio import AudioError, probe_duration
+    from transcription.audio import AudioError, probe_duration
     from engine.request import RequestRejected
-    from engine.transcriber import EngineError, TranscribeOptions, Transcriber
+    from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     try:
         probe_duration(path)  # cheap header check: a non-media file fails before the model loads

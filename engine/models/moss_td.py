@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, ForwardBatch
-from engine.audio.mel import CHUNK_SAMPLES, log_mel_spectrogram
+from engine.models.mel import CHUNK_SAMPLES, log_mel_spectrogram
 from engine.models.moss_td_prompt import window_token_counts
 from engine.models.qwen3 import Qwen3Config, Qwen3Model
 from engine.models.whisper import WhisperConfig, WhisperEncoder

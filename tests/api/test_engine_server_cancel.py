@@ -37,9 +37,9 @@ def long_recording(tmp_path_factory) -> tuple[Path, int]:
     """Distinct clips end to end (distinct, so no window is served from the encoder cache) as 16 kHz
     16-bit WAV, and the number of windows the server's transcriber will cut it into (same decode, VAD and
     packing functions)."""
-    from engine.audio import decode_audio
-    from engine.audio.vad import detect_speech
-    from engine.windows import pack_windows
+    from transcription.audio import decode_audio
+    from transcription.audio.vad import detect_speech
+    from transcription.windows import pack_windows
 
     wave_f32 = np.concatenate([decode_audio(data_file(rel)).mono for rel in CLIPS])
     path = tmp_path_factory.mktemp("cancel") / "long.wav"

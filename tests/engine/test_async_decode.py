@@ -11,7 +11,7 @@ import torch
 
 from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from engine.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td_pipeline import build_moss_sequence
 from engine.overlap import PLACEHOLDER
 from engine.request import Status
 
@@ -119,7 +119,7 @@ def test_whisper_transcripts_async_equal_sync(whisper_engine):
     """Whisper's steps carry logits processors (timestamp rules), which async decode runs synchronously
     inside its loop; the transcripts must not change (async decode is the default on CUDA)."""
     from engine.loaders import LoadedModel
-    from engine.transcriber import TranscribeOptions, Transcriber
+    from transcription.transcriber import TranscribeOptions, Transcriber
     from tests.conftest import data_file
 
     loaded = whisper_engine.loaded

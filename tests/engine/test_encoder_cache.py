@@ -10,7 +10,7 @@ import torch
 from engine import Engine, EngineConfig
 from engine.encoder_cache import EncoderCache, audio_fingerprint
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from engine.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td_pipeline import build_moss_sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

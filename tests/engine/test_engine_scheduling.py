@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
-from engine.audio import decode_audio, log_mel_spectrogram
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.audio import decode_audio, log_mel_spectrogram
+from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from tests.conftest import data_file
 
 TINY = dict(d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,

@@ -17,7 +17,7 @@ import torch
 
 from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from engine.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td_pipeline import build_moss_sequence
 from tests.conftest import TINY_MOSS, teacher_forcing
 
 CUDA = torch.cuda.is_available()

@@ -88,7 +88,7 @@ def test_coalescer_first_at_once_then_windows():
 
 @pytest.mark.slow
 def test_event_stream_order_and_content(whisper_engine):
-    from engine.transcriber import TranscribeOptions, Transcriber, stream_transcription
+    from transcription.transcriber import TranscribeOptions, Transcriber, stream_transcription
 
     tr = Transcriber(whisper_engine)
 
@@ -128,7 +128,7 @@ def test_no_tokens_are_streamed_during_chunked_prefill():
 
 
 def test_window_progress_keeps_text_of_windows_that_finish_out_of_order():
-    from engine.progress import WindowProgress
+    from transcription.progress import WindowProgress
 
     events = []
     p = WindowProgress(3, lambda k, x: events.append((k, x)), interval_s=0.0)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from engine import Sequence
-from engine.audio import decode_audio, log_mel_spectrogram
-from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.audio import decode_audio, log_mel_spectrogram
+from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from tests.conftest import data_file
 
 transformers = pytest.importorskip("transformers")

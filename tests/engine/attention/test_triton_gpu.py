@@ -97,7 +97,7 @@ def _wave(rel: str) -> np.ndarray:
     npy_dir = os.environ.get("DIARIST_AUDIO_NPY")
     if npy_dir and (Path(npy_dir) / (Path(rel).stem + ".npy")).is_file():
         return np.load(Path(npy_dir) / (Path(rel).stem + ".npy"))
-    from engine.audio import decode_audio
+    from transcription.audio import decode_audio
     from tests.conftest import data_file
 
     return decode_audio(data_file(rel)).mono
@@ -105,8 +105,8 @@ def _wave(rel: str) -> np.ndarray:
 
 def _transcribe(engine, waves):
     from engine import Sequence
-    from engine.audio import log_mel_spectrogram
-    from engine.models.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+    from transcription.audio import log_mel_spectrogram
+    from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 
     info = engine.loaded.info["config"]
     tt = WhisperTokens.from_vocab(engine.model.config.vocab_size)

