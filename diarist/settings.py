@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 class Settings(BaseSettings):
@@ -53,6 +56,20 @@ class Settings(BaseSettings):
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
     engine_max_running_requests: int = Field(64, description="Concurrent sequences in the engine batch.")
     engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
+    engine_long_max_running: int | None = Field(
+        None, description="Most sequences of long-class jobs running in the engine at once (the rest of the batch "
+        "stays free for short jobs); None = a quarter of engine_max_running_requests, at least 1.")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Engine compute dtype; None = float32 on the CPU, on CUDA the checkpoint's float16/"
+        "bfloat16, else bfloat16 (engine.resolve).")
+    attention_backend: Literal["torch", "triton"] | None = Field(
+        None, description="Engine attention kernels; None = triton on CUDA, the torch reference on the CPU.")
+    cuda_graph_max_bs: int | None = Field(
+        None, description="Largest decode batch replayed as a CUDA graph; 0 turns decode and prefill graphs off; "
+        "None = the engine default (64).")
+    async_decode: bool | None = Field(None, description="Launch each decode step before reading the last one's "
+                                      "tokens; None = on for CUDA, off on the CPU.")
+    encoder_graphs: bool = Field(True, description="Encoder CUDA graphs by window count (CUDA; MOSS-TD).")
 
     # -- queues and workers ---------------------------------------------------------------------------
     long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
@@ -84,6 +101,25 @@ class Settings(BaseSettings):
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
         [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        """The engine configuration these settings ask for (``overrides`` win: CLI flags). Choices left
+        unset stay ``None`` for :func:`engine.resolve.resolve_config` to fill from the device, the one place
+        that decides them. Torch-free."""
+        from engine.config import EngineConfig
+
+        max_running = overrides.get("max_running_requests", self.engine_max_running_requests)
+        long_limit = self.engine_long_max_running or max(1, max_running // 4)
+        fields = {"model": self.model, "model_path": self.model_path, "device": self.device, "dtype": self.dtype,
+                  "attention_backend": self.attention_backend, "kv_budget_bytes": self.engine_kv_budget_bytes,
+                  "max_running_requests": max_running, "async_decode": self.async_decode,
+                  "admission_limits": {"long": long_limit}}
+        if self.cuda_graph_max_bs is not None:
+            fields["cuda_graph_max_bs"] = self.cuda_graph_max_bs
+        if not self.encoder_graphs:
+            fields["encoder_graph_buckets"] = ()
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return EngineConfig(**fields)
 
     @property
     def accepted_languages(self) -> list[str]:

@@ -21,6 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")
     p.add_argument("--data-dir", default=None, help="embedded mode's data folder (default DIARIST_DATA_DIR or .diarist)")
+    p.add_argument("--device", default=None, help="embedded mode's engine device: cpu, cuda or cuda:N "
+                   "(default DIARIST_DEVICE, cpu)")
     p.set_defaults(func=run)
     return p
 
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.embedded or st.embedded:
         from diarist.commands.stack import EmbeddedStack, embedded_settings
 
-        overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+        overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
         stack = EmbeddedStack(embedded_settings(st, **overrides)).start()
         print(f"Diarist (embedded) listening on http://{host}:{port}  (API docs: http://{host}:{port}/docs)",
               flush=True)
