@@ -88,6 +88,8 @@ class Transcriber:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # the speaker cascade's networks (segmentation-3.0, CAM++) run where the engine does
+        self.cascade_device = str(engine.device) if engine.device.type == "cuda" else "cpu"
         self.family = engine.loaded.info.get("family", "whisper")
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
@@ -152,7 +154,7 @@ class Transcriber:
             from transcription.audio.vad import detect_speech
         except ImportError:  # VAD module not installed: treat everything as speech
             return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
-        return detect_speech(wave)
+        return detect_speech(wave, device=self.cascade_device)
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
@@ -284,7 +286,7 @@ class Transcriber:
         from transcription.diarization import assign_speakers, diarize
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
-                        max_speakers=opts.max_speakers)
+                        max_speakers=opts.max_speakers, device=self.cascade_device)
         return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
                                                   for t in turns]
 

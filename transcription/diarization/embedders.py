@@ -76,10 +76,10 @@ class CamPlusPlusEmbedder:
             float32 ``[len(windows), 192]``, unit length.
         """
         from transcription.diarization.campplus import fbank
-        from transcription.diarization.segmentation import one_thread
+        from transcription.diarization.segmentation import cascade_stream, one_thread
 
         out = np.zeros((len(windows), self.dim), np.float32)
-        with self._lock, one_thread():
+        with self._lock, one_thread(), cascade_stream(str(self.device)):
             for group in self._groups(windows):
                 g0 = min(windows[i][0] for i in group)
                 g1 = max(windows[i][1] for i in group)
@@ -132,19 +132,18 @@ class GE2EEmbedder:
         return _normalise(out)
 
 
-_embedder = None
+_embedders: dict[str, object] = {}
 _embedder_lock = threading.Lock()
 
 
-def default_embedder():
-    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
-    holding the CAM++ weights is not installed."""
-    global _embedder
+def default_embedder(device: str = "cpu"):
+    """The process-wide embedding model on ``device``, loaded on first use: CAM++, or GE2E (logged) when
+    the package holding the CAM++ weights is not installed."""
     with _embedder_lock:
-        if _embedder is None:
+        if device not in _embedders:
             try:
-                _embedder = CamPlusPlusEmbedder()
+                _embedders[device] = CamPlusPlusEmbedder(device)
             except FileNotFoundError as e:
                 log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
-                _embedder = GE2EEmbedder()
-        return _embedder
+                _embedders[device] = GE2EEmbedder(device)
+        return _embedders[device]

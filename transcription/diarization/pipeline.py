@@ -182,7 +182,7 @@ def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
 
 def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
-            threshold: float | None = None) -> list[Turn]:
+            threshold: float | None = None, device: str = "cpu") -> list[Turn]:
     """Who speaks when, within the given speech regions.
 
     Args:
@@ -192,6 +192,7 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         embedder: an object with ``name`` and ``embed(wave, windows[, masks]) -> [n, d]`` (default CAM++);
             anything but CAM++ uses the window pipeline (``windows.py``).
         threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
+        device: where segmentation and the default embedder run (``"cpu"`` or the engine's CUDA device).
     Returns:
         Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
         appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
@@ -205,11 +206,11 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
     speech = [(s, e) for s, e in speech if e - s >= MIN_REGION_S]
     if not speech:
         return []
-    embedder = embedder or default_embedder()
+    embedder = embedder or default_embedder(device)
     try:
         if embedder.name != "campplus":
             raise LookupError(embedder.name)
-        offsets, probs = segment_cached(wave)
+        offsets, probs = segment_cached(wave, device=device)
     except (FileNotFoundError, LookupError):
         from transcription.diarization.windows import diarize_windows
 
