@@ -10,7 +10,7 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-SAMPLE_RATE = 16_000
+from transcription.audio import SAMPLE_RATE
 """Sample rate of every model input (Hz)."""
 
 

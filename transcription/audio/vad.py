@@ -39,7 +39,7 @@ import threading
 import numpy as np
 import torch
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 
 FRAME = 512
 """Samples per Silero frame at 16 kHz (32 ms)."""

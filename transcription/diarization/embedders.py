@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import torch
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 

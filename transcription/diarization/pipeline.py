@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 from transcription.diarization.activity import aggregate, frame_edges, grid_size
 from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
 from transcription.diarization.embedders import default_embedder

