@@ -11,7 +11,6 @@ import av
 import numpy as np
 
 from transcription.audio import SAMPLE_RATE
-"""Sample rate of every model input (Hz)."""
 
 
 class AudioError(ValueError):
