@@ -4,10 +4,7 @@
 ``SAMPLE_RATE``, import on machines without PyAV (the GPU image).
 """
 
-from engine.models.mel import log_mel_spectrogram
-
-SAMPLE_RATE = 16_000
-"""Samples per second of every waveform the pipeline handles (mono float32)."""
+from engine.models.mel import SAMPLE_RATE, log_mel_spectrogram
 
 __all__ = ["SAMPLE_RATE", "AudioError", "DecodedAudio", "decode_audio", "log_mel_spectrogram", "probe_duration"]
 

@@ -10,7 +10,7 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-from transcription.audio import SAMPLE_RATE
+from engine.models.mel import SAMPLE_RATE
 
 
 class AudioError(ValueError):
