@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
     visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
+    cancel_poll_s: float = Field(0.5, description="How often a worker reads a running job's row to notice a "
+                                 "cancel; the engine aborts the job's sequences within about this long.")
 
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
