@@ -19,6 +19,7 @@ from api.schemas import JobOptions
 from diarist import jobs
 from diarist.models import Job, new_id
 from diarist.netguard import UnsafeURL, check_url
+from diarist.redact import display_url
 from diarist.services import Services
 
 log = logging.getLogger("diarist.api")
@@ -119,7 +120,8 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     queue = services.dispatcher.queue_for(duration)
     job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
-              filename=(source.filename or None) if source.url is None else source.url[:500], audio_key=audio_key,
+              filename=(source.filename or None) if source.url is None else display_url(source.url)[:500],
+              audio_key=audio_key,
               audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
               webhook_url=opts.webhook_url, request_sha256=fingerprint)
     try:

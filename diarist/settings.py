@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     cancel_poll_s: float = Field(0.5, description="How often a worker reads a running job's row to notice a "
                                  "cancel; the engine aborts the job's sequences within about this long.")
 
+    # -- logs ------------------------------------------------------------------------------------------
+    log_format: Literal["text", "json"] = Field("text", description="Log lines as text or JSON objects (one per "
+                                                "line: ts, level, logger, message, job_id, exc); see diarist/logs.py.")
+    log_level: str = Field("INFO", description="Root log level (DEBUG, INFO, WARNING, ERROR).")
+
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
     port: int = Field(8000, description="API listen port.")
@@ -85,7 +90,11 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(600.0, description="Cap on one retry delay.")
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
-        [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+        [], description="Webhook targets (hosts, IPs or CIDRs) allowed even when not globally routable "
+        "(loopback, private, CGNAT, link-local); audio_url fetches have their own list.")
+    audio_url_allow_hosts: list[str] = Field(
+        [], description="`audio_url` hosts, IPs or CIDRs the API may download from even when not globally "
+        "routable; empty: public addresses only.")
 
     @property
     def accepted_languages(self) -> list[str]:
