@@ -10,6 +10,7 @@ the abort of the request's sequences).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -80,7 +81,9 @@ class CancelWatch:
     def __init__(self, svc: Services, job_id: str, token: CancelToken, interval_s: float) -> None:
         self.svc, self.job_id, self.token, self.interval_s = svc, job_id, token, interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"cancel-watch-{job_id}", daemon=True)
+        ctx = contextvars.copy_context()  # the job's log context (diarist.logs.job_context) follows the thread
+        self._thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"cancel-watch-{job_id}",
+                                        daemon=True)
 
     def __enter__(self) -> CancelWatch:
         self._thread.start()

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from diarist.engine_wire import JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.logs import current_job_id
 from worker.cancel import CancelToken
 
 EventFn = Callable[[str, dict], None]
@@ -94,6 +96,9 @@ class HttpEngineClient:
         import httpx
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
+        headers = {"content-type": "application/octet-stream", OPTIONS_HEADER: json.dumps(params, ensure_ascii=True)}
+        if (job_id := current_job_id()) is not None:
+            headers[JOB_ID_HEADER] = job_id
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
         canceled = JobFailure("canceled", "the job was canceled; engine request closed")
         if cancel is not None and cancel.is_set():
@@ -101,8 +106,7 @@ class HttpEngineClient:
         unregister = lambda: None  # noqa: E731
         try:
             with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client, client.stream(
-                    "POST", f"{self.url}/internal/transcribe", params={"options": json.dumps(params)}, content=f,
-                    headers={"content-type": "application/octet-stream"}) as r:
+                    "POST", f"{self.url}/internal/transcribe", content=f, headers=headers) as r:
                 if cancel is not None:
                     unregister = cancel.add_callback(lambda: _shutdown(r))
                 if r.status_code >= 400:

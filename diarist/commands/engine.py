@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from diarist.settings import Settings
     from engine import Engine, EngineConfig
 
+    from diarist.logs import configure_logging
+
     st = Settings()
+    configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.engine_host, args.port or st.engine_port
     device = args.device or st.device
     engine = Engine(EngineConfig(model=args.model or st.model, model_path=args.model_path or st.model_path,
@@ -41,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}")
     print(f"Diarist engine ({device}) listening on http://{host}:{port}", flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
     finally:
         engine.shutdown()
     return 0

@@ -18,7 +18,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--class", dest="klass", required=True, choices=("short", "long", "webhooks"))
     p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
     p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
-    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--loglevel", default=None, help="log level (default DIARIST_LOG_LEVEL)")
     p.set_defaults(func=run)
     return p
 
@@ -33,7 +33,15 @@ def run(args: argparse.Namespace) -> int:
     from worker.engine_client import HttpEngineClient
     from worker.runtime import Runtime, set_runtime
 
+    from celery.signals import setup_logging
+
+    from diarist.logs import configure_logging
+
     st = Settings()
+    level = args.loglevel or st.log_level
+    configure_logging(st.log_format, level)
+    # A receiver on setup_logging makes Celery leave logging alone: its lines go through our handler.
+    setup_logging.connect(lambda **_kw: configure_logging(st.log_format, level), weak=False)
     configure(st)
     services = Services.from_settings(st)
     dispatcher = CeleryDispatcher(st)
@@ -47,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     import worker.tasks  # noqa: F401 - registers the tasks
 
     app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=args.loglevel,
+               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=level,
                without_mingle=True, without_gossip=True).start()
     return 0
