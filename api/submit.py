@@ -139,6 +139,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         log.exception("enqueue failed for %s", job_id)
         jobs.fail(services, job_id, "queue_unavailable", f"the job could not be queued: {type(e).__name__}")
         raise ApiError(503, "queue_unavailable", "the job queue is unavailable; retry later") from None
+    services.metrics.record_submitted(queue)
     services.bus.publish(job_id, {"type": "status", "status": "queued", "progress": 0.0})
     with services.db.session() as s:
         job = s.get(Job, job_id)

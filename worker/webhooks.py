@@ -92,6 +92,7 @@ def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int)
     except httpx.HTTPError as e:
         error = f"{type(e).__name__}: {redact_text(str(e))}"
     elapsed = time.perf_counter() - t0
+    svc.metrics.record_webhook(code)
 
     refused = bool(error) and error.startswith(("url_not_allowed", "invalid_url"))
     permanent = code is not None and 400 <= code < 500 and code not in RETRY_4XX

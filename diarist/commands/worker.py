@@ -19,6 +19,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
     p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
     p.add_argument("--loglevel", default=None, help="log level (default DIARIST_LOG_LEVEL)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve this worker's Prometheus metrics on this port (default DIARIST_WORKER_METRICS_PORT)")
     p.set_defaults(func=run)
     return p
 
@@ -53,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or {"short": st.short_concurrency, "long": st.long_concurrency,
                                        "webhooks": st.webhook_concurrency}[args.klass]
     import worker.tasks  # noqa: F401 - registers the tasks
+
+    metrics_port = args.metrics_port if args.metrics_port is not None else st.worker_metrics_port
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=st.worker_metrics_host, registry=services.metrics.registry)
 
     app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
                hostname=f"{args.klass}@{socket.gethostname()}", loglevel=level,

@@ -83,7 +83,7 @@ def prod(tmp_path_factory):
         wait_port(eport, 300)
         client = httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=60,
                               headers={"Authorization": f"Bearer {key['token']}"})
-        yield {"client": client, "key": key, "procs": procs, "eport": eport}
+        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker}
         client.close()
     finally:
         for p in procs.values():
@@ -221,3 +221,37 @@ def test_cancel_through_the_api_stops_the_engine_sequences(prod, ninety_seconds)
     assert s["decode_tokens"] > decode0 and running >= 1
     job = c.get(f"/v1/jobs/{job_id}").json()
     assert (job["status"], job["error"]["code"]) == ("canceled", "canceled")
+
+
+def test_api_metrics_report_queue_depth_and_liveness(prod):
+    """The API's /metrics against Redis and the real processes: the broker answers, the short and webhooks
+    workers answer a ping, the engine server is up, and the queue depth is a number per queue."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def value(fams, name, **labels):
+        return next(s.value for s in fams[name].samples if all(s.labels.get(k) == v for k, v in labels.items()))
+
+    from celery import Celery
+
+    from diarist.settings import Settings
+    from worker.celery_app import CeleryDispatcher, configure
+
+    st = Settings(broker_url=prod["broker"])
+    sender = CeleryDispatcher(st, configure(st, Celery("probe")))
+    for _ in range(3):  # no long worker runs here: these wait in transcribe.long (for no job: a no-op if run)
+        sender.transcribe("job_depth_probe", "transcribe.long")
+    assert sender.queue_depths()["transcribe.long"] == 3
+    deadline = time.monotonic() + 60
+    while True:
+        fams = {f.name: f for f in text_string_to_metric_families(prod["client"].get("/metrics").text)}
+        if value(fams, "diarist_workers", **{"class": "short"}) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(1)  # a freshly restarted worker may not answer pings yet (the answers are cached 5 s)
+    assert value(fams, "diarist_broker_up") == 1
+    assert value(fams, "diarist_workers", **{"class": "short"}) == 1
+    assert value(fams, "diarist_workers", **{"class": "webhooks"}) == 1
+    assert value(fams, "diarist_workers", **{"class": "long"}) == 0
+    assert {s.labels["queue"] for s in fams["diarist_queue_messages"].samples} == {
+        "transcribe.short", "transcribe.long", "webhooks"}
+    assert value(fams, "diarist_queue_messages", queue="transcribe.long") == 3
+    assert [s.value for s in fams["diarist_engine_up"].samples] == [1.0]
