@@ -3,7 +3,9 @@
 - **Job id.** :func:`job_context` puts a job id in a context variable for the duration of a block (a
   Celery task, an engine request); :class:`ContextFilter` copies it onto every record made inside as
   ``record.job_id``, so ``log.info("retrying")`` in any module carries it without string concatenation.
-  A record may also carry one explicitly (``extra={"job_id": ...}``).
+  A record may also carry one explicitly (``extra={"job_id": ...}``). Lines made outside any context that
+  name a job (Celery's "Task diarist.transcribe[…] received" / "succeeded", whose arguments are the job
+  id, or a message that mentions one) get the id they name.
 - **Redaction.** :class:`RedactFilter` rewrites every URL in a line to scheme, host, port and path
   (:func:`diarist.redact.redact_text`): query strings (pre-signed links, tokens, the engine request's
   options) and credentials never reach a log. Uvicorn's access lines get their query string dropped.
@@ -20,8 +22,9 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import IO, Literal
@@ -32,6 +35,7 @@ LogFormat = Literal["text", "json"]
 
 _job_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("diarist_job_id", default=None)
 
+_JOB_ID = re.compile(r"\bjob_[0-9a-f]{32}\b")  # the ids diarist.models.new_id("job") makes
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(job_tag)s %(message)s"
 HANDLER_NAME = "diarist"
 
@@ -55,10 +59,20 @@ class ContextFilter(logging.Filter):
     """Set ``record.job_id`` (from ``extra`` or the :func:`job_context`) and ``record.job_tag``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        job_id = getattr(record, "job_id", None) or _job_id.get()
+        job_id = getattr(record, "job_id", None) or _job_id.get() or _named_job(record)
         record.job_id = job_id
         record.job_tag = f" [{job_id}]" if job_id else ""
         return True
+
+
+def _named_job(record: logging.LogRecord) -> str | None:
+    """The job id a record names: in Celery's task-line arguments (``{"args": "['job_…']"}``) or its message."""
+    if isinstance(record.args, Mapping) and "args" in record.args:
+        text = str(record.args["args"])
+    else:
+        text = str(record.msg) if not record.args else record.getMessage()
+    m = _JOB_ID.search(text)
+    return m.group(0) if m else None
 
 
 class RedactFilter(logging.Filter):

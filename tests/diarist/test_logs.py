@@ -61,6 +61,21 @@ def test_every_line_inside_a_job_context_carries_the_job_id(capture):
     assert current_job_id() is None
 
 
+def test_celery_task_lines_carry_the_job_they_run(capture):
+    """Celery logs "received" and "succeeded" outside our context, with the task arguments in a dict."""
+    buf = capture("json")
+    jid = "job_" + "ab" * 16
+    logging.getLogger("celery.worker.strategy").info("Task %(name)s[%(id)s] received",
+                                                     {"id": "t-1", "name": "diarist.transcribe", "args": f"['{jid}']"})
+    logging.getLogger("celery.app.trace").info("Task %(name)s[%(id)s] succeeded: %(return_value)s",
+                                               {"id": "t-1", "name": "x", "return_value": "'ok'", "args": "()"})
+    logging.getLogger("diarist.api").error("enqueue failed for %s", jid)
+    out = lines(buf)
+    assert out[0]["message"] == "Task diarist.transcribe[t-1] received" and out[0]["job_id"] == jid
+    assert "job_id" not in out[1]  # a task of no job
+    assert out[2]["job_id"] == jid
+
+
 def test_text_format_tags_the_job(capture):
     buf = capture("text")
     with job_context("job_t"):
