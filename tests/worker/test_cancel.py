@@ -80,3 +80,45 @@ def test_token_runs_each_callback_once_even_when_added_late():
     assert calls == ["a", "c", "late"]
     remove()
     remove_b()
+
+
+def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
+    """The prompt must not reach any access log: the worker sends options (and the job id, for the engine's
+    log lines) as headers; the URL is the bare path."""
+    import http.server
+    import json
+
+    from diarist.logs import job_context
+    from worker.engine_client import HttpEngineClient
+
+    seen: dict = {}
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen["path"], seen["headers"] = self.path, {k.lower(): v for k, v in self.headers.items()}
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = json.dumps({"type": "result", "result": {"segments": []}}).encode() + b"\n"
+            self.send_response(200)
+            self.send_header("content-type", "application/x-ndjson")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"RIFF....")
+    try:
+        with job_context("job_" + "0" * 32):
+            out = HttpEngineClient(f"http://127.0.0.1:{srv.server_address[1]}").transcribe(
+                audio, {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert out == {"segments": []}
+    assert seen["path"] == "/internal/transcribe"
+    assert json.loads(seen["headers"]["x-diarist-options"]) == {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2}
+    assert seen["headers"]["x-diarist-job-id"] == "job_" + "0" * 32
