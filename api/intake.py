@@ -76,7 +76,8 @@ def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> t
     except httpx.HTTPError as e:
         Path(name).unlink(missing_ok=True)
         reason = redact_text(str(e))
-        raise ApiError(422, "url_fetch_failed", f"could not fetch audio_url: {type(e).__name__}: {reason}") from None
+        raise ApiError(422, "url_fetch_failed",
+                       f"could not fetch audio_url: {type(e).__name__}: {reason}") from None
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise

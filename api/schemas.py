@@ -121,7 +121,8 @@ class JobOut(BaseModel):
         return cls(
             id=job.id, status=job.status, created_at=_utc(job.created_at), updated_at=_utc(job.updated_at),
             started_at=_utc(job.started_at), finished_at=_utc(job.finished_at), model=job.model, queue=job.queue,
-            filename=redact_text(job.filename) if job.filename else None, duration=job.duration_s, progress=job.progress, attempts=job.attempts,
+            filename=redact_text(job.filename) if job.filename else None, duration=job.duration_s,
+            progress=job.progress, attempts=job.attempts,
             options=job.options or {}, language=job.language, num_speakers=job.num_speakers,
             incomplete=job.incomplete,
             error=ErrorInfo(code=job.error_code, message=job.error_message) if job.error_code else None,

@@ -15,7 +15,7 @@ Names follow https://prometheus.io/docs/practices/naming/; label ``class`` is th
   diarist_audio_processed_seconds_total{class}        audio seconds of completed jobs
   diarist_job_queue_wait_seconds{class}               histogram: first claim − submit, of finished jobs that ran
   diarist_job_rtf_ratio{class}                        histogram: processing s / audio s, completed jobs
-  diarist_webhook_deliveries_total{outcome}           attempts: success | client_error | server_error | network_error
+  diarist_webhook_deliveries_total{outcome}           attempts: success|client_error|server_error|network_error
   diarist_http_requests_total{method,route,status}    API requests (route: the path template)
   diarist_http_request_duration_seconds{method,route} histogram: request handling time
 """

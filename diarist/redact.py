@@ -12,7 +12,7 @@ _URL = re.compile(r"""\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s"'<>]+""")
 
 
 def display_url(url: str) -> str:
-    """``url`` without credentials, query string or fragment (``https://u:p@h/a.wav?sig=x`` → ``https://h/a.wav``).
+    """``url`` without credentials, query or fragment (``https://u:p@h/a.wav?sig=x`` → ``https://h/a.wav``).
 
     A string that does not parse as a URL gives ``"<url>"`` rather than itself.
     """

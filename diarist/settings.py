@@ -62,15 +62,17 @@ class Settings(BaseSettings):
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
     visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
-    worker_metrics_port: int | None = Field(None, description="`diarist worker` serves its Prometheus counters "
-                                            "(completions, failures, webhook attempts) on this port; unset: off.")
+    worker_metrics_port: int | None = Field(
+        None, description="`diarist worker` serves its Prometheus counters (completions, failures, webhook "
+        "attempts) on this port; unset: off.")
     worker_metrics_host: str = Field("127.0.0.1", description="Listen address of a worker's metrics port.")
     cancel_poll_s: float = Field(0.5, description="How often a worker reads a running job's row to notice a "
                                  "cancel; the engine aborts the job's sequences within about this long.")
 
     # -- logs ------------------------------------------------------------------------------------------
-    log_format: Literal["text", "json"] = Field("text", description="Log lines as text or JSON objects (one per "
-                                                "line: ts, level, logger, message, job_id, exc); see diarist/logs.py.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text or JSON objects (one per line: ts, level, logger, message, "
+        "job_id, exc); see diarist/logs.py.")
     log_level: str = Field("INFO", description="Root log level (DEBUG, INFO, WARNING, ERROR).")
 
     # -- API and limits -------------------------------------------------------------------------------

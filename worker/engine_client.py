@@ -96,7 +96,8 @@ class HttpEngineClient:
         import httpx
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
-        headers = {"content-type": "application/octet-stream", OPTIONS_HEADER: json.dumps(params, ensure_ascii=True)}
+        headers = {"content-type": "application/octet-stream",
+                   OPTIONS_HEADER: json.dumps(params, ensure_ascii=True)}
         if (job_id := current_job_id()) is not None:
             headers[JOB_ID_HEADER] = job_id
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)

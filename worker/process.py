@@ -71,7 +71,8 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
     try:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
-        with svc.store.local_path(job.audio_key) as path, CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s):
+        with (svc.store.local_path(job.audio_key) as path,
+              CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s)):
             result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
                                           cancel=token)
         transcript = Transcript.from_engine(result)
@@ -81,7 +82,7 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
             return Outcome("failed", "audio_missing")
         return Outcome("skipped")
     except JobFailure as e:
-        if token.is_set():  # the row already left processing (canceled); the engine call was given up on purpose
+        if token.is_set():  # the row left processing (canceled): the engine call was given up on purpose
             return Outcome("skipped")
         if e.retryable and job.attempts < svc.settings.engine_attempts:
             log.warning("job %s attempt %d failed (%s), retrying", job_id, job.attempts, e)
