@@ -94,13 +94,17 @@ class CancelWatch:
         self._thread.join(timeout=max(1.0, 2 * self.interval_s))
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.wait(self.interval_s):
             try:
                 with self.svc.db.session() as s:
                     status = s.scalar(select(Job.status).where(Job.id == self.job_id))
             except Exception as e:  # noqa: BLE001 - the next poll tries again
-                log.warning("cancel watch could not read the job row: %s", e)
+                if not failing:  # once per outage, not twice a second
+                    log.warning("cancel watch cannot read the job row (retrying): %s", e)
+                failing = True
                 continue
+            failing = False
             if status != JobStatus.PROCESSING.value:
                 log.info("job left processing (%s): stopping its engine work", status or "deleted")
                 self.token.cancel()
