@@ -137,9 +137,10 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO", stream: IO[s
             root.removeHandler(h)
     root.addHandler(make_handler(fmt, stream))
     root.setLevel(level.upper())
-    for name in _ROUTED:
+    for name in _ROUTED:  # as uvicorn's or Celery's own logging config may have left them
         lg = logging.getLogger(name)
         lg.handlers.clear()
-        lg.propagate = True
+        lg.propagate, lg.disabled = True, False
+        lg.setLevel(logging.NOTSET)  # uvicorn sets its levels from its log_level when it starts
     for name, lvl in _QUIET.items():
         logging.getLogger(name).setLevel(max(lvl, root.level))

@@ -83,7 +83,13 @@ def test_text_format_tags_the_job(capture):
     assert buf.getvalue().rstrip().endswith("INFO diarist.worker [job_t] claimed")
 
 
-def test_urls_are_redacted_and_access_lines_lose_their_query(capture):
+def test_urls_are_redacted_and_access_lines_lose_their_query(capture, monkeypatch):
+    for name in ("uvicorn", "uvicorn.access"):  # as configure_logging leaves them (a uvicorn run elsewhere may not)
+        lg = logging.getLogger(name)
+        monkeypatch.setattr(lg, "propagate", True)
+        monkeypatch.setattr(lg, "disabled", False)
+        monkeypatch.setattr(lg, "level", logging.NOTSET)
+        monkeypatch.setattr(lg, "handlers", [])
     buf = capture("json")
     logging.getLogger("httpx").warning('HTTP Request: POST https://h.example/hook?token=SEKRIT "HTTP/1.1 500"')
     logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST",
@@ -101,9 +107,16 @@ def test_urls_are_redacted_and_access_lines_lose_their_query(capture):
     assert "https://h.example/a.wav" in out[2]["exc"] and out[2]["exc"].count("Traceback") == 1
 
 
-def test_configure_logging_is_idempotent_and_routes_uvicorn(capture):
+def test_configure_logging_is_idempotent_and_routes_uvicorn(monkeypatch):
+    from diarist import logs
+
     root = logging.getLogger()
     before = list(root.handlers)
+    monkeypatch.setattr(root, "level", root.level)
+    for name in (*logs._ROUTED, *logs._QUIET):  # restored after the test: other tests' loggers stay as they were
+        lg = logging.getLogger(name)
+        for attr in ("level", "propagate", "disabled", "handlers"):
+            monkeypatch.setattr(lg, attr, getattr(lg, attr))
     buf = io.StringIO()
     try:
         configure_logging("json", "INFO", stream=buf)
