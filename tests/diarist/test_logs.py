@@ -115,8 +115,9 @@ def test_configure_logging_is_idempotent_and_routes_uvicorn(monkeypatch):
     monkeypatch.setattr(root, "level", root.level)
     for name in (*logs._ROUTED, *logs._QUIET):  # restored after the test: other tests' loggers stay as they were
         lg = logging.getLogger(name)
-        for attr in ("level", "propagate", "disabled", "handlers"):
+        for attr in ("level", "propagate", "disabled"):
             monkeypatch.setattr(lg, attr, getattr(lg, attr))
+        monkeypatch.setattr(lg, "handlers", list(lg.handlers))  # a copy: configure_logging clears it in place
     buf = io.StringIO()
     try:
         configure_logging("json", "INFO", stream=buf)
