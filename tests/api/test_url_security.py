@@ -69,12 +69,14 @@ def audio_server():
 
 
 @pytest.fixture
-def log_lines():
-    """Everything the service's log handler (diarist.logs, JSON) writes while the test runs, at DEBUG."""
+def log_lines(monkeypatch):
+    """Everything the service's log handler (diarist.logs, JSON) writes while the test runs, at DEBUG (httpx
+    included, whose request lines name every URL it fetches or posts to)."""
     import io
 
     from diarist.logs import make_handler
 
+    monkeypatch.setattr(logging.getLogger("httpx"), "level", logging.NOTSET)
     buf, root = io.StringIO(), logging.getLogger()
     handler, level = make_handler("json", buf), root.level
     root.addHandler(handler)
