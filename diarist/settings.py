@@ -79,6 +79,18 @@ class Settings(BaseSettings):
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
     visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
+    worker_metrics_port: int | None = Field(
+        None, description="`diarist worker` serves its Prometheus counters (completions, failures, webhook "
+        "attempts) on this port; unset: off.")
+    worker_metrics_host: str = Field("127.0.0.1", description="Listen address of a worker's metrics port.")
+    cancel_poll_s: float = Field(0.5, description="How often a worker reads a running job's row to notice a "
+                                 "cancel; the engine aborts the job's sequences within about this long.")
+
+    # -- logs ------------------------------------------------------------------------------------------
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text or JSON objects (one per line: ts, level, logger, message, "
+        "job_id, exc); see diarist/logs.py.")
+    log_level: str = Field("INFO", description="Root log level (DEBUG, INFO, WARNING, ERROR).")
 
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
@@ -100,7 +112,11 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(600.0, description="Cap on one retry delay.")
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
-        [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+        [], description="Webhook targets (hosts, IPs or CIDRs) allowed even when not globally routable "
+        "(loopback, private, CGNAT, link-local); audio_url fetches have their own list.")
+    audio_url_allow_hosts: list[str] = Field(
+        [], description="`audio_url` hosts, IPs or CIDRs the API may download from even when not globally "
+        "routable; empty: public addresses only.")
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
         """The engine configuration these settings ask for (``overrides`` win: CLI flags). Choices left

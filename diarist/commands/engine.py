@@ -31,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
     from diarist.settings import Settings
     from engine import Engine
 
+    from diarist.logs import configure_logging
+
     st = Settings()
+    configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.engine_host, args.port or st.engine_port
     device = args.device or st.device
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device))
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     for line in engine.fallbacks:
         print(f"warning: {line}", flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
     finally:
         engine.shutdown()
     return 0

@@ -30,7 +30,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from diarist.settings import Settings
 
+    from diarist.logs import configure_logging
+
     st = Settings()
+    configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.host, args.port or st.port
     if args.embedded or st.embedded:
         from diarist.commands.stack import EmbeddedStack, embedded_settings
@@ -53,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
 
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
-    uvicorn.run(create_app(services), host=host, port=port, log_level="info", lifespan="on")
+    uvicorn.run(create_app(services), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",
+                log_config=None)  # our handler (diarist.logs) formats uvicorn's lines too
     return 0

@@ -117,7 +117,8 @@ class EmbeddedStack:
 
         import uvicorn
 
-        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on"))
+        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on",
+                                               log_config=None))  # lines go through diarist.logs
 
         @contextlib.contextmanager
         def on_signals():

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class CamPlusPlusEmbedder:
 
     @torch.inference_mode()
     def embed(self, wave: np.ndarray, windows: list[tuple[float, float]],
-              masks: list[np.ndarray] | None = None) -> np.ndarray:
+              masks: list[np.ndarray] | None = None, should_cancel: ShouldCancel = None) -> np.ndarray:
         """Embeddings of windows, optionally of selected 10 ms frames only.
 
         Args:
@@ -72,8 +73,11 @@ class CamPlusPlusEmbedder:
             windows: ``(start, end)`` seconds (>= 0.05 s each).
             masks: optional bool ``[round(100 * (end - start))]`` per window: the 10 ms frames that feed
                 the D-TDNN (e.g. the frames where one speaker talks alone); at least 2 must be set.
+            should_cancel: polled before each group of overlapping windows and each batch.
         Returns:
             float32 ``[len(windows), 192]``, unit length.
+        Raises:
+            Canceled: ``should_cancel()`` returned True.
         """
         from transcription.diarization.campplus import fbank
         from transcription.diarization.segmentation import cascade_stream, one_thread
@@ -81,6 +85,7 @@ class CamPlusPlusEmbedder:
         out = np.zeros((len(windows), self.dim), np.float32)
         with self._lock, one_thread(), cascade_stream(str(self.device)):
             for group in self._groups(windows):
+                check(should_cancel)
                 g0 = min(windows[i][0] for i in group)
                 g1 = max(windows[i][1] for i in group)
                 feats = fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, g0, g1)))).to(self.device)
@@ -96,6 +101,7 @@ class CamPlusPlusEmbedder:
                     by_len.setdefault(x.shape[1], []).append((i, x))
                 for items in by_len.values():
                     for k in range(0, len(items), self.batch):
+                        check(should_cancel)
                         part = items[k : k + self.batch]
                         x = torch.stack([x for _, x in part])
                         out[[i for i, _ in part]] = self.model.xvector(x).float().cpu().numpy()

