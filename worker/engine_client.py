@@ -15,17 +15,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from diarist.outages import Dependency
+
 EventFn = Callable[[str, dict], None]
 
 OPTION_FIELDS = ("language", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel")
 
 
 class JobFailure(Exception):
-    """A transcription that failed with a machine ``code`` (``decode_failed``, ``too_long``, ``engine_error``…)."""
+    """A transcription that failed with a machine ``code`` (``decode_failed``, ``too_long``, ``engine_error``…).
 
-    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+    ``retryable``: another attempt could succeed (it spends one of the job's attempts). ``outage``: the
+    engine server did not answer at all (refused connection, 502/503/504), so the job waits it out without
+    spending an attempt (see :mod:`diarist.outages`).
+    """
+
+    def __init__(self, code: str, message: str, retryable: bool = False, outage: Dependency | None = None) -> None:
         super().__init__(f"{code}: {message}")
-        self.code, self.message, self.retryable = code, message, retryable
+        self.code, self.message, self.retryable, self.outage = code, message, retryable or outage is not None, outage
 
 
 class EngineClient(Protocol):
@@ -105,8 +112,12 @@ class HttpEngineClient:
                         if getattr(on_event, "canceled", False):
                             # Leaving the block closes the connection mid-stream: the server's cue to abort.
                             raise JobFailure("canceled", "the job was canceled; engine request closed")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            # Nothing reached the engine: it is down or restarting; the job waits, no attempt spent.
+            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}",
+                             outage=Dependency.ENGINE) from e
         except httpx.HTTPError as e:
-            raise JobFailure("engine_error", f"engine server unreachable or dropped: {e}", retryable=True) from e
+            raise JobFailure("engine_error", f"engine server dropped the request: {e}", retryable=True) from e
         raise JobFailure("engine_error", "engine stream ended without a result", retryable=True)
 
     def ready(self) -> bool:
@@ -119,6 +130,8 @@ class HttpEngineClient:
 
 
 def _http_failure(r) -> JobFailure:
+    if r.status_code in (502, 503, 504):  # a proxy or the server says it is not serving: an outage
+        return JobFailure("engine_unavailable", f"engine server answered {r.status_code}", outage=Dependency.ENGINE)
     try:
         err = r.json()["error"]
         return JobFailure(err["code"], err["message"], retryable=r.status_code >= 500)
