@@ -73,3 +73,14 @@ class CeleryDispatcher:
     def ping(self) -> None:
         with self.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
+
+    def broker_epoch(self) -> str:
+        """An id of the broker's current run (Redis ``run_id``; the transport name for brokers without one):
+        when it changes, the broker restarted and may have lost its messages. Raises when unreachable."""
+        with self.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            client = getattr(conn.default_channel, "client", None)
+            info = getattr(client, "info", None)
+            if callable(info):
+                return str(info("server").get("run_id"))
+            return conn.transport_cls if isinstance(conn.transport_cls, str) else type(conn.transport).__name__
