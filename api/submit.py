@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,9 +17,9 @@ from api import intake
 from api.deps import Principal
 from api.errors import ApiError
 from api.schemas import JobOptions
-from diarist import jobs
-from diarist.models import Job, new_id
+from diarist.models import Job, JobStatus, new_id, utcnow
 from diarist.netguard import UnsafeURL, check_url
+from diarist.outages import Dependency, classify
 from diarist.services import Services
 
 log = logging.getLogger("diarist.api")
@@ -63,6 +64,49 @@ def _replay(job: Job, fingerprint: str) -> Job:
     return job
 
 
+def unavailable(services: Services, dep: Dependency) -> ApiError:
+    """503 with the outage's code (``database_unavailable``, ``storage_unavailable``, ``queue_unavailable``)
+    and ``Retry-After: retry_after_s``."""
+    return ApiError(503, dep.code, f"the {dep.value} is unavailable; nothing was stored, retry later (the same "
+                    "Idempotency-Key is safe)", headers={"Retry-After": str(services.settings.retry_after_s)})
+
+
+def _outage_guard(services: Services, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, an outage turned into :func:`unavailable`."""
+    try:
+        return fn(*args, **kwargs)
+    except ApiError:
+        raise
+    except Exception as e:
+        dep = classify(e)
+        if dep is None:
+            raise
+        log.warning("submit: %s unavailable (%s: %s)", dep.value, type(e).__name__, e)
+        raise unavailable(services, dep) from None
+
+
+def _discard_job(services: Services, job_id: str) -> None:
+    """Undo a submit whose enqueue failed: the row (still queued, never claimed) and its objects. If the
+    database is down too, the row stays queued and the sweeper runs it; a retry with the same
+    Idempotency-Key then gets that job (resumed, not a failure)."""
+    from sqlalchemy import delete
+
+    try:
+        with services.db.session() as s:
+            s.execute(delete(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value, Job.attempts == 0))
+        services.store.delete_prefix(f"jobs/{job_id}/")
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.warning("could not undo job %s after a failed enqueue (%s); the sweeper will run it", job_id,
+                    type(e).__name__)
+
+
+def _discard_objects(services: Services, job_id: str) -> None:
+    try:
+        services.store.delete_prefix(f"jobs/{job_id}/")
+    except Exception as e:  # noqa: BLE001 - an unreferenced object costs bytes, not correctness
+        log.warning("could not delete the audio of unsaved job %s (%s)", job_id, type(e).__name__)
+
+
 def _existing(services: Services, principal: Principal, key: str) -> Job | None:
     with services.db.session() as s:
         job = s.scalar(select(Job).where(Job.owner_key == principal.key_id, Job.idempotency_key == key))
@@ -81,7 +125,10 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``,
     ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``,
-    ``no_audio_stream``, ``empty_audio``, ``too_long``, ``too_short``; 503 ``queue_unavailable``.
+    ``no_audio_stream``, ``empty_audio``, ``too_long``, ``too_short``; 503 ``database_unavailable``,
+    ``storage_unavailable``, ``queue_unavailable`` (with Retry-After), which leave no row and no object
+    behind (or, when the database is down too, a queued row that the sweeper runs and that a retry with
+    the same Idempotency-Key gets back).
     """
     st = services.settings
     model = resolve_model(services, opts.model)
@@ -94,7 +141,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
             check_url(opts.webhook_url, st.webhook_allow_hosts)
         except UnsafeURL as e:
             raise ApiError(422, e.code, f"webhook_url: {e.message}") from None
-    existing = _existing(services, principal, idempotency_key) if idempotency_key else None
+    existing = _outage_guard(services, _existing, services, principal, idempotency_key) if idempotency_key else None
     fingerprint = request_fingerprint(model, opts, f"url:{source.url}") if source.url is not None else None
     if existing is not None and fingerprint is not None:
         return _replay(existing, fingerprint), False
@@ -113,7 +160,19 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         job_id = job_id or new_id("job")
         audio_key = f"jobs/{job_id}/audio"
         with open(tmp, "rb") as f:
-            services.store.put_file(audio_key, f)
+            try:
+                services.store.put_file(audio_key, f)
+            except Exception as e:
+                if classify(e) is not None:  # a multipart upload may have left parts: best effort
+                    _outage_guard(services, services.store.delete_prefix, f"jobs/{job_id}/")
+                raise
+    except ApiError:
+        raise
+    except Exception as e:
+        if classify(e) is None:
+            raise
+        log.warning("submit: %s unavailable (%s: %s)", classify(e).value, type(e).__name__, e)
+        raise unavailable(services, classify(e)) from None
     finally:
         intake.discard(tmp)
 
@@ -121,7 +180,9 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
               filename=(source.filename or None) if source.url is None else source.url[:500], audio_key=audio_key,
               audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
-              webhook_url=opts.webhook_url, request_sha256=fingerprint)
+              webhook_url=opts.webhook_url, request_sha256=fingerprint,
+              # picked up by then, else the sweeper sends it again (its message was lost)
+              lease_expires_at=utcnow() + timedelta(seconds=st.queued_redrive_s))
     try:
         with services.db.session() as s:
             s.add(job)
@@ -131,12 +192,18 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         if idempotency_key and (existing := _existing(services, principal, idempotency_key)) is not None:
             return _replay(existing, fingerprint), False
         raise
+    except Exception as e:
+        if classify(e) is None:
+            raise
+        log.warning("submit: database unavailable (%s: %s)", type(e).__name__, e)
+        _discard_objects(services, job_id)
+        raise unavailable(services, Dependency.DATABASE) from None
     try:
         services.dispatcher.transcribe(job_id, queue)
     except Exception as e:
-        log.exception("enqueue failed for %s", job_id)
-        jobs.fail(services, job_id, "queue_unavailable", f"the job could not be queued: {type(e).__name__}")
-        raise ApiError(503, "queue_unavailable", "the job queue is unavailable; retry later") from None
+        log.warning("submit: enqueue of %s failed (%s: %s)", job_id, type(e).__name__, e)
+        _discard_job(services, job_id)
+        raise unavailable(services, Dependency.QUEUE) from None
     services.bus.publish(job_id, {"type": "status", "status": "queued", "progress": 0.0})
     with services.db.session() as s:
         job = s.get(Job, job_id)
