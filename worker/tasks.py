@@ -13,7 +13,8 @@ from celery.exceptions import Retry
 
 from diarist import jobs
 from worker.celery_app import app
-from worker.process import process_job
+from diarist.outages import classify
+from worker.process import outage_delay, process_job
 from worker.runtime import runtime
 from worker.webhooks import deliver
 
@@ -59,7 +60,16 @@ def deliver_webhook(self, job_id: str, event: str, message_id: str) -> str:
     """One delivery attempt of an outbox message (``message_id``); retries with backoff (bounded by
     settings, counted on the outbox row)."""
     rt = runtime()
-    result = deliver(rt, message_id)
+    try:
+        result = deliver(rt, message_id)
+    except Exception as e:
+        dep = classify(e)
+        if dep is None:
+            raise
+        # The database is down (the outbox row is untouched): try again later, no attempt spent.
+        log.warning("webhook %s: %s unavailable, retrying", message_id, dep.value)
+        return _retry(self, _countdown(rt, outage_delay(rt.services.settings, self.request.retries or 0)),
+                      lambda: None)
     if result.state == "retry":
         countdown = _countdown(rt, result.delay_s)
         return _retry(self, countdown, lambda: jobs.webhook_due(rt.services, message_id))
