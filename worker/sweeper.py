@@ -106,7 +106,7 @@ class Sweeper:
         return {lease.job_id for lease in self.leases.held()} if self.leases is not None else set()
 
     def _expired_leases(self, now, force: bool) -> int:
-        svc, st = self.services, self.services.settings
+        svc = self.services
         cond = Job.status == JobStatus.PROCESSING.value
         if not force:
             cond = and_(cond, or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
