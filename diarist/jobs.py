@@ -61,12 +61,14 @@ def claim(svc: Services, job_id: str, owner: str) -> Job | None:
         job = s.get(Job, job_id)
         if job is None or job.status in FINAL_STATES:
             return None
+        # synchronize_session=False: the row is refreshed below, and SQLAlchemy's in-Python evaluation of
+        # the WHERE would compare SQLite's naive times with aware ones.
         res = s.execute(update(Job).where(Job.id == job_id, _claimable(now)).values(
             status=JobStatus.PROCESSING.value, attempts=Job.attempts + 1, updated_at=now,
             started_at=job.started_at or now, lease_owner=owner, progress_at=now,
             lease_expires_at=now + timedelta(seconds=svc.settings.lease_s))
-            .execution_options(synchronize_session=False))  # refreshed below; SQLite's naive times can't be
-        if res.rowcount != 1:                                 # compared in Python
+            .execution_options(synchronize_session=False))
+        if res.rowcount != 1:
             return None
         s.flush()
         s.refresh(job)

@@ -31,6 +31,11 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
         broker_url=settings.broker,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # A worker outlives any broker outage (the default gives up after 100 reconnects and exits), and a
+        # lost connection does not cancel running jobs: they finish against the database and the store,
+        # and the sweeper re-sends whatever the broker lost (worker/sweeper.py).
+        broker_connection_max_retries=None,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
