@@ -64,6 +64,42 @@ def _replay(job: Job, fingerprint: str) -> Job:
     return job
 
 
+OUTAGE_CODES = tuple(d.code for d in Dependency)
+
+
+def _resume(services: Services, job: Job) -> Job:
+    """A replayed job that failed only because a dependency stayed down (``*_unavailable``: the outage
+    bound passed, or an older version failed the submit itself) is queued again instead of replayed as a
+    failure: ``failed → queued`` with a fresh attempt count, then sent. Other jobs are returned as they are.
+    Raises 503 ``queue_unavailable`` when the broker is still down (the row then stays queued and the
+    sweeper sends it)."""
+    from sqlalchemy import update
+
+    if job.status != JobStatus.FAILED.value or job.error_code not in OUTAGE_CODES:
+        return job
+    with services.db.session() as s:
+        res = s.execute(update(Job).where(Job.id == job.id, Job.status == JobStatus.FAILED.value).values(
+            status=JobStatus.QUEUED.value, attempts=0, progress=0.0, error_code=None, error_message=None,
+            finished_at=None, outage_since=None, lease_owner=None, updated_at=utcnow(),
+            lease_expires_at=utcnow() + timedelta(seconds=services.settings.queued_redrive_s)))
+    if res.rowcount == 1:
+        log.info("job %s failed with an outage code; resumed by a retried submit", job.id)
+        try:
+            services.dispatcher.transcribe(job.id, job.queue)
+        except Exception as e:
+            if classify(e) is None:
+                raise
+            with services.db.session() as s:  # due at once for the sweeper
+                s.execute(update(Job).where(Job.id == job.id, Job.status == JobStatus.QUEUED.value)
+                          .values(lease_expires_at=utcnow()))
+            raise unavailable(services, Dependency.QUEUE) from None
+    with services.db.session() as s:
+        fresh = s.get(Job, job.id)
+        _ = fresh.metrics
+        s.expunge(fresh)
+    return fresh
+
+
 def unavailable(services: Services, dep: Dependency) -> ApiError:
     """503 with the outage's code (``database_unavailable``, ``storage_unavailable``, ``queue_unavailable``)
     and ``Retry-After: retry_after_s``."""
@@ -144,7 +180,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     existing = _outage_guard(services, _existing, services, principal, idempotency_key) if idempotency_key else None
     fingerprint = request_fingerprint(model, opts, f"url:{source.url}") if source.url is not None else None
     if existing is not None and fingerprint is not None:
-        return _replay(existing, fingerprint), False
+        return _resume(services, _replay(existing, fingerprint)), False
 
     tmp: Path | None = None
     try:
@@ -154,7 +190,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
             tmp, size, digest = intake.save_stream(source.fileobj, st.max_upload_bytes)
             fingerprint = request_fingerprint(model, opts, f"sha256:{digest}")
             if existing is not None:  # the upload had to be read to know whether it is the same one
-                return _replay(existing, fingerprint), False
+                return _resume(services, _replay(existing, fingerprint)), False
         duration = intake.measure_duration(tmp)
         intake.check_duration(duration, st)
         job_id = job_id or new_id("job")
@@ -190,7 +226,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         # A concurrent request with the same Idempotency-Key won the insert.
         services.store.delete_prefix(f"jobs/{job_id}/")
         if idempotency_key and (existing := _existing(services, principal, idempotency_key)) is not None:
-            return _replay(existing, fingerprint), False
+            return _resume(services, _replay(existing, fingerprint)), False
         raise
     except Exception as e:
         if classify(e) is None:

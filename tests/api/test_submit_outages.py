@@ -111,3 +111,28 @@ def test_database_down_answers_503_database_unavailable_and_deletes_the_upload(s
     for resp in (r, no_key):
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "database_unavailable", resp.text
     assert rows(svc) == [] and objects(svc) == [] and svc.dispatcher.sent == []
+
+
+def test_a_job_failed_by_an_outage_is_resumed_by_a_retry_with_its_key(svc):
+    """An older version left failed ``queue_unavailable`` rows (and the outage bound fails jobs with
+    ``*_unavailable``): the client's retry with the same Idempotency-Key queues that job again instead of
+    replaying the failure; a job that failed for its own reasons is replayed as it is."""
+    from sqlalchemy import update
+
+    from api.app import create_app
+
+    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
+        first = post(c, key="k-outage").json()["id"]
+        other = post(c, key="k-bad").json()["id"]
+        with svc.db.session() as s:
+            s.execute(update(Job).where(Job.id == first).values(status="failed", error_code="queue_unavailable",
+                                                                error_message="x", attempts=0))
+            s.execute(update(Job).where(Job.id == other).values(status="failed", error_code="decode_failed",
+                                                                error_message="x"))
+        svc.dispatcher.sent.clear()
+        resumed = post(c, key="k-outage")
+        replayed = post(c, key="k-bad")
+    assert resumed.status_code == 200 and resumed.headers["idempotent-replayed"] == "true"
+    assert (resumed.json()["id"], resumed.json()["status"], resumed.json()["error"]) == (first, "queued", None)
+    assert svc.dispatcher.sent == [first]
+    assert (replayed.json()["status"], replayed.json()["error"]["code"]) == ("failed", "decode_failed")
