@@ -8,6 +8,7 @@ app; the per-class concurrency split is a production (one process per class) fea
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -17,6 +18,8 @@ from worker.celery_app import CeleryDispatcher, app, configure
 from worker.engine_client import EngineClient
 from worker.runtime import Runtime, set_runtime
 from worker.sweeper import Sweeper
+
+log = logging.getLogger("diarist")
 
 
 class EmbeddedWorker:
@@ -53,9 +56,7 @@ class EmbeddedWorker:
         # previous run of this process (killed or stopped) and is sent again now.
         report = self.sweeper.sweep(force=True)
         if report.resent or report.webhooks_resent:
-            import logging
-
-            logging.getLogger("diarist").warning("resumed %d job(s) and %d webhook(s) left by the previous run",
+            log.warning("resumed %d job(s) and %d webhook(s) left by the previous run",
                                                  report.resent, report.webhooks_resent)
         self.runtime.leases.start()
         self.sweeper.start()
@@ -65,10 +66,12 @@ class EmbeddedWorker:
         return bool(consumer is not None and getattr(consumer, "task_consumer", None) is not None)
 
     def stop(self) -> None:
+        # The sweeper first (nothing new is sent), then the worker (running tasks finish, their leases still
+        # renewed), then the renewals; jobs still queued are resumed by the next start.
         self.sweeper.stop()
-        self.runtime.leases.stop()
         if self.controller is not None:
             self.controller.stop(in_sighandler=False, exitcode=0)
         if self.thread is not None:
             self.thread.join(timeout=10)
+        self.runtime.leases.stop()
         set_runtime(None)
