@@ -121,6 +121,8 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
     svc, job_id = rt.services, job.id
     if job.attempts > svc.settings.engine_attempts:
         return _fail(rt, job_id, "engine_error", f"gave up after {job.attempts - 1} attempts")
+    if not job.audio_key:
+        return _fail(rt, job_id, "audio_missing", "the job has no stored audio")
     svc.bus.publish(job_id, {"type": "status", "status": "processing", "progress": job.progress})
     progress = _Progress(rt, job_id, job.duration_s, lease)
     try:

@@ -186,3 +186,8 @@ def test_storage_down_after_the_engine_is_waited_out_and_the_job_completes_once(
     assert (job.status, job.attempts, job.transcript_key) == ("completed", 1, f"jobs/{job_id}/transcript-1.json")
     assert failures == [job.transcript_key] * 2
     assert b"hello" in rt.services.store.get_bytes(job.transcript_key)
+
+
+def test_a_row_without_audio_fails_audio_missing(rt, make_job):
+    job_id = make_job(audio_key=None)
+    assert (process_job(rt, job_id).state, row(rt.services, job_id).error_code) == ("failed", "audio_missing")
