@@ -213,12 +213,13 @@ def enqueue_webhook(s: Session, job: Job, event: str, redrive_s: float) -> str:
     return msg.id
 
 
-def send_webhook(svc: Services, job_id: str, message_id: str, event: str) -> None:
-    """Hand an outbox message to the broker; on failure make it due at once for the sweeper (logged)."""
+def send_webhook(svc: Services, job_id: str, message_id: str, event: str, countdown: float = 0.0) -> None:
+    """Hand an outbox message to the broker (to run in ``countdown`` seconds); on failure make it due for
+    the sweeper (logged)."""
     if svc.dispatcher is None:
         return
     try:
-        svc.dispatcher.webhook(job_id, event, message_id)
+        svc.dispatcher.webhook(job_id, event, message_id, countdown=countdown)
     except Exception as e:  # the outbox row holds the message; the sweeper sends it when the broker is back
         log.warning("webhook %s of %s not queued (%s: %s); the sweeper will send it", message_id, job_id,
                     type(e).__name__, e)

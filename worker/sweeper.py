@@ -163,23 +163,28 @@ class Sweeper:
                 lease_expires_at=now, outage_since=func.coalesce(Job.outage_since, now), updated_at=Job.updated_at))
 
     def _resend_webhooks(self, now, everything: bool) -> int:
+        """Send outbox messages nobody picked up; after a broker restart also those waiting out a retry
+        backoff (their countdown message was lost with the broker), with the countdown left."""
         svc, st = self.services, self.services.settings
-        cond = and_(WebhookOutbox.state.in_(("pending", "sending")), WebhookOutbox.next_attempt_at <= now)
+        cond = WebhookOutbox.state.in_(("pending", "sending"))
         if not everything:
-            cond = and_(cond, or_(WebhookOutbox.locked_until.is_(None), WebhookOutbox.locked_until < now))
+            cond = and_(cond, WebhookOutbox.next_attempt_at <= now,
+                        or_(WebhookOutbox.locked_until.is_(None), WebhookOutbox.locked_until < now))
         else:  # a sender that is alive keeps its lock; the rest may have been lost with the broker
             cond = and_(cond, or_(WebhookOutbox.state == "pending", WebhookOutbox.locked_until < now))
         with svc.db.session() as s:
             rows = s.execute(select(WebhookOutbox.id, WebhookOutbox.job_id, WebhookOutbox.event,
-                                    WebhookOutbox.locked_until).where(cond).limit(BATCH)).all()
+                                    WebhookOutbox.locked_until, WebhookOutbox.next_attempt_at)
+                             .where(cond).limit(BATCH)).all()
         n = 0
-        for message_id, job_id, event, locked in rows:
+        for message_id, job_id, event, locked, due in rows:
+            countdown = max(0.0, (jobs.aware(due) - now).total_seconds())
             lock_cond = WebhookOutbox.locked_until.is_(None) if locked is None else WebhookOutbox.locked_until == locked
             with svc.db.session() as s:
                 res = s.execute(update(WebhookOutbox).where(WebhookOutbox.id == message_id, lock_cond).values(
-                    state="pending", locked_until=now + timedelta(seconds=st.queued_redrive_s)))
+                    state="pending", locked_until=now + timedelta(seconds=countdown + st.queued_redrive_s)))
             if res.rowcount == 1:
-                jobs.send_webhook(svc, job_id, message_id, event)
+                jobs.send_webhook(svc, job_id, message_id, event, countdown=countdown)
                 n += 1
         return n
 

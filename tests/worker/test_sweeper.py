@@ -142,3 +142,18 @@ def test_forced_sweep_resumes_every_orphan_and_writes_a_heartbeat(services, brok
     with services.db.session() as s:
         beat = s.query(WorkerBeat).one()
         assert beat.name.startswith("test@host:") and beat.queues == "transcribe.short" and beat.engine_ok is None
+
+
+def test_after_a_broker_restart_a_webhook_in_backoff_is_sent_with_its_countdown_left(services, broker, sweeper,
+                                                                                      make_job):
+    job_id = make_job(status="completed", webhook_url="http://127.0.0.1:9/h")
+    with services.db.session() as s:  # attempt 1 failed; attempt 2 is due in 30 s (its countdown message)
+        s.add(WebhookOutbox(id="msg_backoff", job_id=job_id, event="job.completed", state="pending", attempts=1,
+                            next_attempt_at=ago(-30), locked_until=ago(-630)))
+    sent: list[float] = []
+    broker.webhook = lambda job_id, event, message_id, countdown=0.0: sent.append(countdown)
+    sweeper.sweep()
+    assert sent == []  # its message is in the queue: nothing to do
+    broker.epoch = "run-2"
+    sweeper.sweep()
+    assert len(sent) == 1 and 25 < sent[0] <= 30
