@@ -4,8 +4,8 @@ Production (Postgres, Redis, moto's S3 server, ``diarist engine`` on CPU with th
 short worker and one webhooks worker process, the API) for: Postgres stopped 15 s, the S3 endpoint down
 20 s, the engine server SIGKILLed and back in 10 s, Redis restarted (~9 s, empty; 3 submits during the
 outage), the short worker SIGKILLed; and ``serve --embedded`` restarted after SIGKILL and after SIGTERM.
-The harness (and its scaled-down lease/sweep settings) is ``tests/faults/harness.py``, the one the CI
-suite ``tests/faults/test_faults.py`` asserts with.
+The harness is ``tests/faults/harness.py`` (the topologies and their scaled-down lease/sweep settings:
+``tests/faults/topology.py``), the one the CI suite ``tests/faults/test_faults.py`` asserts with.
 
 Per fault (JSON, also written to ``--out``): job statuses and error codes, jobs stuck at the recovery
 bound, seconds from the fault's end until every job was final, transcript objects per job, distinct
@@ -36,7 +36,8 @@ PRODUCTION = ("postgres_stopped_15s", "s3_down_20s", "engine_sigkill_back_in_10s
 
 
 def main() -> int:
-    from tests.faults.harness import Cluster, make_clip, new_workdir, run_embedded_restart, run_fault
+    from tests.faults.harness import run_embedded_restart, run_fault
+    from tests.faults.topology import Cluster, make_clip, new_workdir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=20, help="jobs in flight per fault")
@@ -70,7 +71,7 @@ def main() -> int:
     report = {"benchmark": "faults", "command": shlex.join(["python", *sys.argv]), "commit": commit,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "load_avg_1m_at_end": os.getloadavg()[0]},
-              "settings": "tests/faults/harness.py FAST (lease 4 s, sweep 1 s, queued re-drive 20 s, "
+              "settings": "tests/faults/topology.py FAST (lease 4 s, sweep 1 s, queued re-drive 20 s, "
                           "visibility timeout 3600 s)",
               "all_completed_once": ok, "wall_s": round(time.monotonic() - t0, 1), "faults": results}
     text = json.dumps(report, indent=2)

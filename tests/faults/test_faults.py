@@ -13,7 +13,8 @@ import signal
 import pytest
 
 from tests.conftest import data_file
-from tests.faults.harness import Cluster, make_clip, new_workdir, run_embedded_restart, run_fault
+from tests.faults.harness import run_embedded_restart, run_fault
+from tests.faults.topology import Cluster, make_clip, new_workdir
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 N = 20
