@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from diarist import audit, jobs
-from diarist.models import FINAL_STATES, Job, JobStatus, new_id, utcnow
+from diarist.models import FINAL_STATES, Job, JobStatus, utcnow
 from diarist.services import Services
 
 log = logging.getLogger("diarist.admin")
@@ -116,15 +116,14 @@ def delete(svc: Services, job_id: str) -> Outcome:
 
 
 def redeliver(svc: Services, job_id: str) -> Outcome:
-    """Send the job's final-state webhook again as a new message (new ``webhook-id``, attempts from 1)."""
+    """Send the job's final-state webhook again as a new outbox message (new ``webhook-id``, attempts from 1)."""
     if svc.dispatcher is None:
         return Outcome("error", "this API process has no queue dispatcher")
-    message_id = new_id("msg")
     with svc.db.session() as s:
         job = s.get(Job, job_id)
         if job is None or job.status not in FINAL_STATES or not job.webhook_url:
             return Outcome("noop", "only a finished job with a webhook_url can be redelivered")
         event = f"job.{job.status}"
-        job.webhook_status = "pending"
-    svc.dispatcher.webhook(job_id, event, message_id)
+        message_id = jobs.enqueue_webhook(s, job, event, svc.settings.queued_redrive_s)
+    jobs.send_webhook(svc, job_id, message_id, event)
     return Outcome("ok", f"{event} enqueued as {message_id}")

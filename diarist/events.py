@@ -9,11 +9,14 @@ in-process bus; production uses Redis pub/sub (channel ``diarist:events:<job id>
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
 from collections import defaultdict
 from typing import Protocol
+
+log = logging.getLogger("diarist.events")
 
 
 class Subscription(Protocol):
@@ -24,7 +27,8 @@ class Subscription(Protocol):
 
 
 class EventBus(Protocol):
-    def publish(self, job_id: str, event: dict) -> None: ...
+    def publish(self, job_id: str, event: dict) -> None:
+        """Best effort: never raises (a bus outage must not fail the job that publishes)."""
 
     def subscribe(self, job_id: str) -> Subscription: ...
 
@@ -106,7 +110,14 @@ class RedisEventBus:
         return f"diarist:events:{job_id}"
 
     def publish(self, job_id: str, event: dict) -> None:
-        self.client.publish(self.channel(job_id), json.dumps(event))
+        """Publish; a Redis error is logged and the event skipped (SSE readers re-read the row at the end)."""
+        import redis
+
+        try:
+            self.client.publish(self.channel(job_id), json.dumps(event))
+        except redis.RedisError as e:
+            log.warning("event bus unavailable, %s event of %s skipped: %s: %s", event.get("type"), job_id,
+                        type(e).__name__, e)
 
     def subscribe(self, job_id: str) -> _RedisSubscription:
         return _RedisSubscription(self.client, self.channel(job_id))

@@ -1,6 +1,6 @@
 """Event counters of one process (prometheus-client), incremented where the event happens.
 
-A ``_total`` here only goes up: a job counts once when its final transition wins (``jobs.notify_final``),
+A ``_total`` here only goes up: a job counts once when its final transition wins (``jobs._record_final``),
 and deleting the row later changes nothing (the old counters were sums over the table, so a delete made
 them drop). Each process counts what it does: the API its submits and HTTP requests, a worker the
 completions, failures and webhook attempts it made, and the embedded server all of it. Scrape every

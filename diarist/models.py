@@ -1,4 +1,4 @@
-"""Database tables (SQLAlchemy 2): jobs, job metrics, webhook deliveries, API keys.
+"""Database tables (SQLAlchemy 2): jobs, job metrics, webhook outbox and deliveries, worker heartbeats, API keys.
 
 Times are timezone-aware UTC; durations are seconds. The schema is created by the Alembic migrations in
 ``migrations/`` (never by ``create_all`` outside tests), so it is identical on Postgres and SQLite.
@@ -98,6 +98,18 @@ class Job(Base):
     error_code: Mapped[str | None] = mapped_column(String(64), default=None)
     error_message: Mapped[str | None] = mapped_column(Text, default=None)
 
+    # The lease (DESIGN.md §5: the row, not the broker, is the source of truth). An active job whose
+    # ``lease_expires_at`` has passed is re-driven by the sweeper (worker/sweeper.py): a processing job's
+    # worker renews it while it runs (so it passing means the worker died); a queued job's is the time by
+    # which its message should have been picked up (so it passing means the message was lost).
+    lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)  # the attempt holding it
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+    progress_at: Mapped[datetime | None] = mapped_column(default=None)  # last progress change (stall flag)
+    # First time an attempt of this job was given back because a dependency was down; the job fails with
+    # ``<dependency>_unavailable`` once this is older than ``outage_bound_s``. Cleared when the engine
+    # returns a result.
+    outage_since: Mapped[datetime | None] = mapped_column(default=None)
+
     webhook_url: Mapped[str | None] = mapped_column(Text, default=None)
     webhook_status: Mapped[str | None] = mapped_column(String(16), default=None)  # pending|delivered|failed
     webhook_status_code: Mapped[int | None] = mapped_column(Integer, default=None)
@@ -129,6 +141,43 @@ class JobMetrics(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="metrics")
+
+
+class WebhookOutbox(Base):
+    """One webhook message to send (the transactional outbox: written in the same transaction as the job's
+    final transition, so a broker outage cannot lose it). ``id`` is the Standard Webhooks ``webhook-id``,
+    stable across every retry and redelivery of the message.
+
+    ``state``: ``pending`` (waiting for an attempt, due at ``next_attempt_at``) → ``sending`` (one worker
+    holds it until ``locked_until``) → ``pending`` again (retry) | ``delivered`` | ``failed``. The sweeper
+    re-sends a pending message that nobody picked up and frees a sending one whose worker died.
+    """
+
+    __tablename__ = "webhook_outbox"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("msg"))
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    locked_until: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class WorkerBeat(Base):
+    """A worker process's heartbeat (one row per process, written by its sweeper every sweep): the
+    dashboard shows a worker as alive while ``seen_at`` is recent, and the engine as its worker saw it."""
+
+    __tablename__ = "worker_beats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # celery hostname + pid
+    queues: Mapped[str] = mapped_column(String(200))
+    engine_url: Mapped[str | None] = mapped_column(String(500), default=None)
+    engine_ok: Mapped[bool | None] = mapped_column(Boolean, default=None)  # None: no engine (webhooks)
+    running: Mapped[int] = mapped_column(Integer, default=0)  # jobs this process holds a lease on
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
 
 
 class WebhookDelivery(Base):

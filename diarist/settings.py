@@ -92,6 +92,21 @@ class Settings(BaseSettings):
         "job_id, exc); see diarist/logs.py.")
     log_level: str = Field("INFO", description="Root log level (DEBUG, INFO, WARNING, ERROR).")
 
+    # -- fault tolerance (worker/sweeper.py; a dead worker's job is re-driven within lease_s + sweep_interval_s)
+    lease_s: float = Field(60.0, description="A running job's lease; its worker renews it every lease_s/4. "
+                           "Past it (worker dead) the sweeper re-drives the job.")
+    sweep_interval_s: float = Field(15.0, description="How often each worker's sweeper looks for expired "
+                                    "leases, lost messages and unsent webhooks.")
+    queued_redrive_s: float = Field(600.0, description="A queued job not picked up this long after it was "
+                                    "due is sent again (its message was lost); duplicates are harmless.")
+    outage_bound_s: float = Field(3600.0, description="Longest a job waits out a dependency outage (database, "
+                                  "object store, broker, engine) before failing with <dependency>_unavailable.")
+    outage_backoff_max_s: float = Field(60.0, description="Cap on one backoff while a dependency is down "
+                                        "(starts at engine_retry_delay_s, doubles).")
+    stall_after_s: float = Field(300.0, description="The dashboard flags a processing job whose progress has "
+                                 "not moved for this long.")
+    retry_after_s: int = Field(5, description="Retry-After (seconds) on a 503 answered during an outage.")
+
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
     port: int = Field(8000, description="API listen port.")

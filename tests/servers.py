@@ -57,56 +57,114 @@ def _pg_bin(name: str) -> str | None:
     return cands[-1] if cands else None
 
 
+class Postgres:
+    """A throwaway cluster in a temp dir (run as user ``postgres`` when we are root: initdb refuses root).
+    ``down()`` / ``up()`` stop and restart it on the same port with its data (fault injection)."""
+
+    def __init__(self) -> None:
+        initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        if not initdb or not self.pg_ctl:
+            missing("PostgreSQL binaries (initdb, pg_ctl)")
+        self.root = Path(tempfile.mkdtemp(prefix="diarist-pg-"))
+        self.prefix: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.data, self.port = self.root / "data", free_port()
+        subprocess.run([*self.prefix, initdb, "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True)
+        self.up()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def up(self) -> None:
+        subprocess.run([*self.prefix, self.pg_ctl, "-D", str(self.data), "-w", "-l", str(self.root / "log"), "-o",
+                        f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                        "-c max_connections=300", "start"], check=True, capture_output=True)
+
+    def down(self) -> None:
+        """Stop at once (``-m immediate``: connections are cut like a crashed or unplugged server)."""
+        subprocess.run([*self.prefix, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "stop"],
+                       capture_output=True, check=False)
+
+    def stop(self) -> None:
+        self.down()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def start_postgres() -> tuple[str, Callable[[], None]]:
-    """A throwaway cluster in a temp dir (run as user ``postgres`` when we are root: initdb refuses root)."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if not initdb or not pg_ctl:
-        missing("PostgreSQL binaries (initdb, pg_ctl)")
-    root = Path(tempfile.mkdtemp(prefix="diarist-pg-"))
-    prefix: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", free_port()
-    subprocess.run([*prefix, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    subprocess.run([*prefix, pg_ctl, "-D", str(data), "-w", "-l", str(root / "log"), "-o",
-                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
-                   check=True, capture_output=True)
+    """``(url, stop)`` of a new :class:`Postgres`."""
+    pg = Postgres()
+    return pg.url, pg.stop
 
-    def stop() -> None:
-        subprocess.run([*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
-                       check=False)
-        shutil.rmtree(root, ignore_errors=True)
 
-    return f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop
+class Redis:
+    """``redis-server`` on a loopback port without persistence: ``down()`` / ``up()`` restart it on the
+    same port, empty (as a restarted Redis without a dump loses every queue)."""
+
+    def __init__(self) -> None:
+        self.exe = shutil.which("redis-server")
+        if not self.exe:
+            missing("redis-server")
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.up()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def up(self) -> None:
+        self.proc = subprocess.Popen([self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+
+    def down(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def start_redis() -> tuple[str, Callable[[], None]]:
-    exe = shutil.which("redis-server")
-    if not exe:
-        missing("redis-server")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_port(port)
+    """``(url, stop)`` of a new :class:`Redis`."""
+    r = Redis()
+    return r.url, r.stop
 
-    def stop() -> None:
-        proc.terminate()
-        proc.wait(timeout=10)
 
-    return f"redis://127.0.0.1:{port}/0", stop
+class S3:
+    """moto's S3 server in this process; ``down()`` / ``up()`` take the endpoint away and back on the same
+    port (the buckets live in moto's in-process backend, so they survive)."""
+
+    def __init__(self) -> None:
+        try:
+            from moto.server import ThreadedMotoServer  # noqa: F401
+        except ImportError:
+            missing("moto[server]")
+        self.port = free_port()
+        self.server = None
+        self.up()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        wait_port(self.port)
+
+    def down(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    stop = down
 
 
 def start_s3() -> tuple[str, Callable[[], None]]:
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError:
-        missing("moto[server]")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    return f"http://{host}:{port}", server.stop
+    """``(url, stop)`` of a new :class:`S3`."""
+    s3 = S3()
+    return s3.url, s3.stop
 
 
 class Receiver:

@@ -73,13 +73,16 @@ def _run(fn: Callable[[], None]) -> None:
 
 class CancelWatch:
     """While open, polls the job row every ``interval_s`` seconds and cancels ``token`` once the job is no
-    longer ``processing`` (canceled, deleted, or finished by another attempt).
+    longer ``processing`` (canceled, deleted, or finished by another attempt) or, with ``owner``, once its
+    lease belongs to another attempt (this one looked dead and was taken over).
 
     A database error is logged and polled again: an outage is not a cancel. Use as a context manager.
     """
 
-    def __init__(self, svc: Services, job_id: str, token: CancelToken, interval_s: float) -> None:
+    def __init__(self, svc: Services, job_id: str, token: CancelToken, interval_s: float,
+                 owner: str | None = None) -> None:
         self.svc, self.job_id, self.token, self.interval_s = svc, job_id, token, interval_s
+        self.owner = owner
         self._stop = threading.Event()
         ctx = contextvars.copy_context()  # the job's log context (diarist.logs.job_context) follows the thread
         self._thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"cancel-watch-{job_id}",
@@ -98,14 +101,19 @@ class CancelWatch:
         while not self._stop.wait(self.interval_s):
             try:
                 with self.svc.db.session() as s:
-                    status = s.scalar(select(Job.status).where(Job.id == self.job_id))
+                    row = s.execute(select(Job.status, Job.lease_owner).where(Job.id == self.job_id)).first()
             except Exception as e:  # noqa: BLE001 - the next poll tries again
                 if not failing:  # once per outage, not twice a second
                     log.warning("cancel watch cannot read the job row (retrying): %s", e)
                 failing = True
                 continue
             failing = False
+            status, owner = row if row is not None else (None, None)
             if status != JobStatus.PROCESSING.value:
                 log.info("job left processing (%s): stopping its engine work", status or "deleted")
+                self.token.cancel()
+                return
+            if self.owner is not None and owner != self.owner:
+                log.info("job's lease went to another attempt: stopping this one's engine work")
                 self.token.cancel()
                 return

@@ -31,6 +31,11 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
         broker_url=settings.broker,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # A worker outlives any broker outage (the default gives up after 100 reconnects and exits), and a
+        # lost connection does not cancel running jobs: they finish against the database and the store,
+        # and the sweeper re-sends whatever the broker lost (worker/sweeper.py).
+        broker_connection_max_retries=None,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -98,3 +103,14 @@ class CeleryDispatcher:
                 klass = node.split("@", 1)[0]
                 out[klass] = out.get(klass, 0) + 1
         return out
+
+    def broker_epoch(self) -> str:
+        """An id of the broker's current run (Redis ``run_id``; the transport name for brokers without one):
+        when it changes, the broker restarted and may have lost its messages. Raises when unreachable."""
+        with self.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            client = getattr(conn.default_channel, "client", None)
+            info = getattr(client, "info", None)
+            if callable(info):
+                return str(info("server").get("run_id"))
+            return conn.transport_cls if isinstance(conn.transport_cls, str) else type(conn.transport).__name__

@@ -8,6 +8,7 @@ app; the per-class concurrency split is a production (one process per class) fea
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -16,6 +17,9 @@ from worker import routing
 from worker.celery_app import CeleryDispatcher, app, configure
 from worker.engine_client import EngineClient
 from worker.runtime import Runtime, set_runtime
+from worker.sweeper import Sweeper
+
+log = logging.getLogger("diarist")
 
 
 class EmbeddedWorker:
@@ -26,7 +30,10 @@ class EmbeddedWorker:
         configure(st)
         self.dispatcher = CeleryDispatcher(st)
         services.dispatcher = self.dispatcher
-        set_runtime(Runtime(services=services, engine=engine, dispatcher=self.dispatcher))
+        self.runtime = Runtime(services=services, engine=engine, dispatcher=self.dispatcher)
+        set_runtime(self.runtime)
+        self.sweeper = Sweeper(services, self.dispatcher, "embedded", list(routing.QUEUES), engine=engine,
+                               leases=self.runtime.leases)
         self.concurrency = concurrency or (st.short_concurrency + st.long_concurrency + st.webhook_concurrency)
         self.controller = None
         self.thread: threading.Thread | None = None
@@ -45,14 +52,26 @@ class EmbeddedWorker:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("the embedded Celery worker did not start")
             time.sleep(0.02)
+        # The in-memory broker starts empty: whatever the rows say is queued or running was accepted by a
+        # previous run of this process (killed or stopped) and is sent again now.
+        report = self.sweeper.sweep(force=True)
+        if report.resent or report.webhooks_resent:
+            log.warning("resumed %d job(s) and %d webhook(s) left by the previous run",
+                                                 report.resent, report.webhooks_resent)
+        self.runtime.leases.start()
+        self.sweeper.start()
 
     def _consuming(self) -> bool:
         consumer = getattr(self.controller, "consumer", None)
         return bool(consumer is not None and getattr(consumer, "task_consumer", None) is not None)
 
     def stop(self) -> None:
+        # The sweeper first (nothing new is sent), then the worker (running tasks finish, their leases still
+        # renewed), then the renewals; jobs still queued are resumed by the next start.
+        self.sweeper.stop()
         if self.controller is not None:
             self.controller.stop(in_sighandler=False, exitcode=0)
         if self.thread is not None:
             self.thread.join(timeout=10)
+        self.runtime.leases.stop()
         set_runtime(None)

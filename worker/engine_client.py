@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from diarist.engine_wire import JOB_ID_HEADER, OPTIONS_HEADER
 from diarist.logs import current_job_id
 from worker.cancel import CancelToken
+from diarist.outages import Dependency
 
 EventFn = Callable[[str, dict], None]
 
@@ -27,11 +28,16 @@ OPTION_FIELDS = ("language", "prompt", "num_speakers", "min_speakers", "max_spea
 
 
 class JobFailure(Exception):
-    """A transcription that failed with a machine ``code`` (``decode_failed``, ``too_long``, ``engine_error``…)."""
+    """A transcription that failed with a machine ``code`` (``decode_failed``, ``too_long``, ``engine_error``…).
 
-    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+    ``retryable``: another attempt could succeed (it spends one of the job's attempts). ``outage``: the
+    engine server did not answer at all (refused connection, 502/503/504), so the job waits it out without
+    spending an attempt (see :mod:`diarist.outages`).
+    """
+
+    def __init__(self, code: str, message: str, retryable: bool = False, outage: Dependency | None = None) -> None:
         super().__init__(f"{code}: {message}")
-        self.code, self.message, self.retryable = code, message, retryable
+        self.code, self.message, self.retryable, self.outage = code, message, retryable or outage is not None, outage
 
 
 class EngineClient(Protocol):
@@ -126,10 +132,14 @@ class HttpEngineClient:
                         raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
                     if on_event is not None:
                         on_event(kind, msg)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            # Nothing reached the engine: it is down or restarting; the job waits, no attempt spent.
+            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}",
+                             outage=Dependency.ENGINE) from e
         except httpx.HTTPError as e:
             if cancel is not None and cancel.is_set():  # the read failed because the socket was shut down
                 raise canceled from None
-            raise JobFailure("engine_error", f"engine server unreachable or dropped: {e}", retryable=True) from e
+            raise JobFailure("engine_error", f"engine server dropped the request: {e}", retryable=True) from e
         finally:
             unregister()
         if cancel is not None and cancel.is_set():
@@ -158,6 +168,8 @@ def _shutdown(response: Any) -> None:
 
 
 def _http_failure(r) -> JobFailure:
+    if r.status_code in (502, 503, 504):  # a proxy or the server says it is not serving: an outage
+        return JobFailure("engine_unavailable", f"engine server answered {r.status_code}", outage=Dependency.ENGINE)
     try:
         err = r.json()["error"]
         return JobFailure(err["code"], err["message"], retryable=r.status_code >= 500)

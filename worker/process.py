@@ -1,26 +1,42 @@
-"""One transcription attempt of one job: fetch audio ▸ engine ▸ store transcript + metrics ▸ notify.
+"""One transcription attempt of one job: claim ▸ fetch audio ▸ engine ▸ store transcript + metrics ▸ notify.
 
-Idempotent against the job row (see :mod:`diarist.jobs`): a message for a job that is gone, final or
-canceled does nothing; each attempt writes its transcript under its own key and only the attempt that
-wins the ``processing → completed`` update keeps it.
+Idempotent against the job row (see :mod:`diarist.jobs`): a message for a job that is gone, final, canceled
+or running under a live lease does nothing; each attempt writes its transcript under its own key and only
+the attempt that wins the ``processing → completed`` update (while still holding the lease) keeps it.
+
+Failures, and what each does to the row (every path ends in a final state, a requeue, or a lease that the
+sweeper re-drives; nothing is left ``processing`` by a live worker):
+
+- a dependency outage (:mod:`diarist.outages`) before the engine answered → requeue without spending an
+  attempt, back off; ``<dependency>_unavailable`` once the job's outage clock passes ``outage_bound_s``;
+- an outage after the engine answered (storing the transcript, completing the row) → retried here with
+  backoff, so the engine's work is not thrown away (the lease keeps being renewed meanwhile);
+- the engine dropped the request → requeue spending an attempt (``engine_error`` after ``engine_attempts``);
+- the job's own error (bad audio, a bug) → ``failed`` with its code.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from diarist import jobs
+from diarist.models import Job, utcnow
+from diarist.outages import Dependency, classify
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
 from worker.cancel import CancelToken, CancelWatch
 from worker.engine_client import JobFailure
+from worker.leases import Lease
 from worker.runtime import Runtime
 
 log = logging.getLogger("diarist.worker")
 
 PROGRESS_WRITE_INTERVAL_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,12 +48,21 @@ class Outcome:
     delay_s: float = 0.0
 
 
-class _Progress:
-    """Engine events → bus events; progress written to the row at most once a second (a write that finds
-    the job no longer processing cancels ``token``, as the :class:`CancelWatch` would)."""
+def outage_delay(settings, n: int) -> float:
+    """Backoff before retry ``n`` (0-based) while a dependency is down: ``engine_retry_delay_s`` doubling,
+    capped at ``outage_backoff_max_s`` (seconds)."""
+    return min(settings.engine_retry_delay_s * 2 ** min(n, 30), settings.outage_backoff_max_s)
 
-    def __init__(self, rt: Runtime, job_id: str, duration: float | None, token: CancelToken) -> None:
-        self.rt, self.job_id, self.duration, self.token = rt, job_id, duration or 0.0, token
+
+class _Progress:
+    """Engine events → bus events; progress written to the row at most once a second. A write that finds
+    the attempt no longer owns the row (canceled, or its lease went to another attempt) marks the lease
+    lost and cancels ``token``, as the :class:`CancelWatch` would."""
+
+    def __init__(self, rt: Runtime, job_id: str, duration: float | None, lease: Lease,
+                 token: CancelToken) -> None:
+        self.rt, self.job_id, self.duration = rt, job_id, duration or 0.0
+        self.lease, self.token = lease, token
         self.last_write = 0.0
 
     def __call__(self, kind: str, payload: dict) -> None:
@@ -52,54 +77,140 @@ class _Progress:
                 now = time.monotonic()
                 if now - self.last_write >= PROGRESS_WRITE_INTERVAL_S:
                     self.last_write = now
-                    if not jobs.set_progress(self.rt.services, self.job_id, progress):
-                        self.token.cancel()
+                    self._write(progress)
+
+    def _write(self, progress: float) -> None:
+        try:
+            if not jobs.set_progress(self.rt.services, self.job_id, progress, owner=self.lease.owner):
+                self.lease.lost = True
+                self.token.cancel()
+        except Exception as e:  # progress is advisory: a database outage skips the write, not the job
+            if classify(e) is None:
+                raise
+            log.warning("job %s: progress write skipped (%s unavailable)", self.job_id, classify(e).value)
 
 
-def process_job(rt: Runtime, job_id: str) -> Outcome:
-    """Run one attempt. Never raises for job-level failures; they end in the row."""
+def process_job(rt: Runtime, job_id: str, redeliveries: int = 0) -> Outcome:
+    """Run one attempt. Never raises for job-level failures or outages; they end in the row or a retry.
+
+    ``redeliveries``: how many times this message was retried already (paces the backoff of a claim that
+    found the database down).
+    """
     svc = rt.services
-    job = jobs.claim(svc, job_id)
+    owner = rt.leases.new_owner()
+    try:
+        job = jobs.claim(svc, job_id, owner)
+    except Exception as e:
+        dep = classify(e)
+        if dep is None:
+            raise
+        log.warning("job %s not claimed: %s unavailable, retrying", job_id, dep.value)
+        return Outcome("retry", dep.code, outage_delay(svc.settings, redeliveries))
     if job is None:
         return Outcome("skipped")
+    lease = rt.leases.hold(job_id, owner)
+    try:
+        return _attempt(rt, job, lease, redeliveries)
+    finally:
+        rt.leases.release(lease)
+
+
+def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
+    svc, job_id = rt.services, job.id
     if job.attempts > svc.settings.engine_attempts:
-        jobs.fail(svc, job_id, "engine_error", f"gave up after {job.attempts - 1} attempts")
-        return Outcome("failed", "engine_error")
+        return _fail(rt, job_id, "engine_error", f"gave up after {job.attempts - 1} attempts")
+    if not job.audio_key:
+        return _fail(rt, job_id, "audio_missing", "the job has no stored audio")
     svc.bus.publish(job_id, {"type": "status", "status": "processing", "progress": job.progress})
     token = CancelToken()
-    progress = _Progress(rt, job_id, job.duration_s, token)
+    progress = _Progress(rt, job_id, job.duration_s, lease, token)
     try:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
         with (svc.store.local_path(job.audio_key) as path,
-              CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s)):
+              CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s, owner=lease.owner)):
             result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
                                           cancel=token)
         transcript = Transcript.from_engine(result)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
-        if jobs.fail(svc, job_id, "audio_missing", "the uploaded audio is no longer in the object store"):
-            return Outcome("failed", "audio_missing")
-        return Outcome("skipped")
+        return _fail(rt, job_id, "audio_missing", "the uploaded audio is no longer in the object store")
     except JobFailure as e:
-        if token.is_set():  # the row left processing (canceled): the engine call was given up on purpose
+        if token.is_set() or lease.lost:  # canceled, or taken over: the engine call was given up on purpose
             return Outcome("skipped")
+        if e.outage is not None:
+            return _outage(rt, job, lease, e.outage, e.message, redeliveries)
         if e.retryable and job.attempts < svc.settings.engine_attempts:
             log.warning("job %s attempt %d failed (%s), retrying", job_id, job.attempts, e)
-            jobs.requeue(svc, job_id)
             delay = svc.settings.engine_retry_delay_s * (2 ** (job.attempts - 1))
+            _durable(rt, lambda: jobs.requeue(svc, job_id, lease.owner, delay))
             return Outcome("retry", e.code, delay)
-        jobs.fail(svc, job_id, e.code, e.message)
-        return Outcome("failed", e.code)
-    except Exception as e:  # a bug must fail the job with a code, not loop the message forever
-        log.exception("job %s crashed", job_id)
-        jobs.fail(svc, job_id, "internal_error", f"{type(e).__name__}: {e}")
-        return Outcome("failed", "internal_error")
+        return _fail(rt, job_id, e.code, e.message)
+    except Exception as e:
+        dep = classify(e)
+        if dep is not None:
+            return _outage(rt, job, lease, dep, f"{type(e).__name__}: {e}", redeliveries)
+        log.exception("job %s crashed", job_id)  # a bug must fail the job with a code, not loop the message
+        return _fail(rt, job_id, "internal_error", f"{type(e).__name__}: {e}")
+    if job.outage_since is not None:
+        _durable(rt, lambda: jobs.clear_outage(svc, job_id, lease.owner))
+    return _store(rt, job, lease, transcript, result)
 
+
+def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: dict) -> Outcome:
+    """Keep the engine's work: outages of the store or the database are waited out here (bounded)."""
+    svc, job_id = rt.services, job.id
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
-    svc.store.put_bytes(key, transcript.model_dump_json().encode())
+    _durable(rt, lambda: svc.store.put_bytes(key, transcript.model_dump_json().encode()))
     # The engine server names itself in the result; the client's own id is the fallback (in-process).
-    if jobs.complete(svc, job_id, key, transcript, result, result.get("engine_id") or rt.engine.engine_id):
+    engine_id = result.get("engine_id") or rt.engine.engine_id
+    if _durable(rt, lambda: jobs.complete(svc, job_id, key, transcript, result, engine_id, owner=lease.owner)):
+        # Earlier attempts that died between storing and completing left their transcript behind.
+        for n in range(1, job.attempts):
+            _durable(rt, lambda n=n: svc.store.delete_prefix(f"jobs/{job_id}/transcript-{n}.json"))
         return Outcome("completed")
-    svc.store.delete_prefix(key)  # canceled meanwhile, or another attempt won
+    _durable(rt, lambda: svc.store.delete_prefix(key))  # canceled meanwhile, or another attempt won
     return Outcome("skipped")
+
+
+def _outage(rt: Runtime, job: Job, lease: Lease, dep: Dependency, message: str, redeliveries: int) -> Outcome:
+    """Give the attempt back (not counted) and back off, or fail ``<dep>_unavailable`` past the bound."""
+    svc, st = rt.services, rt.services.settings
+    since = jobs.aware(job.outage_since) or utcnow()
+    waited = (utcnow() - since).total_seconds()
+    if waited >= st.outage_bound_s:
+        return _fail(rt, job.id, dep.code, f"the {dep.value} was unavailable for {waited:.0f} s (more than "
+                     f"outage_bound_s = {st.outage_bound_s:g} s): {message}")
+    delay = outage_delay(st, redeliveries)
+    log.warning("job %s: %s unavailable (%s); waiting %.1f s, no attempt spent", job.id, dep.value, message, delay)
+    _durable(rt, lambda: jobs.requeue(svc, job.id, lease.owner, delay, counted=False, outage=True))
+    return Outcome("retry", dep.code, delay)
+
+
+def _fail(rt: Runtime, job_id: str, code: str, message: str) -> Outcome:
+    if _durable(rt, lambda: jobs.fail(rt.services, job_id, code, message)):
+        return Outcome("failed", code)
+    return Outcome("skipped")
+
+
+def _durable(rt: Runtime, write: Callable[[], T]) -> T:
+    """``write()``, retried with backoff while it meets a dependency outage, for at most ``outage_bound_s``.
+
+    Past the bound the outage error is raised: the worker gives up the attempt, its lease stops being
+    renewed, and the sweeper re-drives the job once the dependency is back.
+    """
+    st = rt.services.settings
+    deadline = time.monotonic() + st.outage_bound_s
+    n = 0
+    while True:
+        try:
+            return write()
+        except Exception as e:
+            dep = classify(e)
+            if dep is None or time.monotonic() >= deadline:
+                raise
+            delay = outage_delay(st, n)
+            log.warning("%s unavailable (%s: %s); retrying the write in %.1f s", dep.value, type(e).__name__, e,
+                        delay)
+            time.sleep(delay)
+            n += 1

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from diarist.services import Services
 from worker.celery_app import CeleryDispatcher
 from worker.engine_client import EngineClient
+from worker.leases import LeaseKeeper
 
 
 @dataclass
 class Runtime:
+    """What a task needs: the services, its engine client (None in a webhooks worker), the dispatcher and
+    the process's :class:`LeaseKeeper` (its renewal thread is started by the worker process)."""
+
     services: Services
     engine: EngineClient | None
     dispatcher: CeleryDispatcher
+    leases: LeaseKeeper = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.leases is None:
+            self.leases = LeaseKeeper(self.services)
 
 
 _current: Runtime | None = None

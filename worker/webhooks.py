@@ -5,7 +5,9 @@ stable across retries, for receiver-side dedup), ``webhook-timestamp`` (Unix sec
 = ``v1,`` + base64(HMAC-SHA256(key, f"{id}.{timestamp}.{body}")) where ``key`` is the base64-decoded part of
 the ``whsec_…`` secret. Body: ``{"type": "job.completed", "timestamp": ISO-8601, "data": {"id", "status",
 "error": {"code"} | null}}``. Retries: exponential backoff, bounded attempts, none after a 4xx other than
-408/429 (DESIGN.md §5).
+408/429 (DESIGN.md §5). Each message is a row of ``webhook_outbox`` (written with the job's final transition,
+:func:`diarist.jobs.enqueue_webhook`); its ``id`` is the ``webhook-id`` and its ``attempts`` the attempt count,
+so retries and redeliveries keep both.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import hmac
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from diarist.models import ApiKey, Job, WebhookDelivery
+from sqlalchemy import and_, or_, update
+
+from diarist.models import ApiKey, Job, WebhookDelivery, WebhookOutbox, utcnow
 from diarist.netguard import UnsafeURL, check_url
 from diarist.redact import display_url, redact_text
 from worker.runtime import Runtime
@@ -45,7 +49,8 @@ def verify(secret: str, headers: dict, body: bytes, tolerance_s: float = 300.0) 
 
 @dataclass
 class Attempt:
-    """``state``: delivered | retry | failed; ``delay_s`` before the next attempt."""
+    """``state``: delivered | retry | failed | skipped (another worker holds or finished the message);
+    ``delay_s`` before the next attempt."""
 
     state: str
     status_code: int | None = None
@@ -64,14 +69,42 @@ def _secret_for(rt: Runtime, owner_key: str) -> str:
     return svc.settings.webhook_secret
 
 
-def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int) -> Attempt:
-    """Make one delivery attempt and record it on the job."""
+def _take(rt: Runtime, message_id: str) -> WebhookOutbox | None:
+    """Lock the outbox message for one attempt (``pending``, or ``sending`` whose holder died → ``sending``
+    until the request timeout has surely passed) and count the attempt; None when it is not ours to send."""
+    svc = rt.services
+    now = utcnow()
+    hold = timedelta(seconds=svc.settings.webhook_timeout_s * 2 + 30)
+    with svc.db.session() as s:
+        res = s.execute(update(WebhookOutbox).where(
+            WebhookOutbox.id == message_id,
+            or_(WebhookOutbox.state == "pending",
+                and_(WebhookOutbox.state == "sending", WebhookOutbox.locked_until < now))).values(
+            state="sending", attempts=WebhookOutbox.attempts + 1, locked_until=now + hold))
+        if res.rowcount != 1:
+            return None
+        msg = s.get(WebhookOutbox, message_id)
+        s.refresh(msg)
+        s.expunge(msg)
+        return msg
+
+
+def deliver(rt: Runtime, message_id: str) -> Attempt:
+    """Make one delivery attempt of the outbox message ``message_id`` and record it (on the outbox row, the
+    delivery log and the job's webhook status). A message already delivered, failed, or being sent by
+    another worker is skipped, so a redelivered broker message never posts twice."""
     import httpx
 
     svc, st = rt.services, rt.services.settings
+    msg = _take(rt, message_id)
+    if msg is None:
+        return Attempt("skipped")
+    attempt, event, job_id = msg.attempts, msg.event, msg.job_id
     with svc.db.session() as s:
         job = s.get(Job, job_id)
         if job is None or not job.webhook_url:
+            s.execute(update(WebhookOutbox).where(WebhookOutbox.id == message_id).values(state="failed",
+                                                                                           locked_until=None))
             return Attempt("failed")
         url, owner = job.webhook_url, job.owner_key
         data = {"id": job.id, "status": job.status,
@@ -103,7 +136,15 @@ def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int)
     else:
         delay = min(st.webhook_backoff_s * 2 ** (attempt - 1), st.webhook_backoff_max_s)
         result = Attempt("retry", code, delay)
+    now = utcnow()
     with svc.db.session() as s:
+        # Pending again for a retry: due at next_attempt_at, and picked up by then + queued_redrive_s (else
+        # the sweeper re-sends it).
+        s.execute(update(WebhookOutbox).where(WebhookOutbox.id == message_id).values(
+            state={"delivered": "delivered", "failed": "failed", "retry": "pending"}[result.state],
+            next_attempt_at=now + timedelta(seconds=result.delay_s),
+            locked_until=now + timedelta(seconds=result.delay_s + st.queued_redrive_s)
+            if result.state == "retry" else None))
         job = s.get(Job, job_id)
         if job is not None:  # deleted meanwhile: nothing to record on
             s.add(WebhookDelivery(job_id=job_id, message_id=message_id, attempt=attempt, url=display_url(url),

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from diarist.metrics import class_of
 from diarist.db import Database
-from diarist.models import ApiKey, Job, JobMetrics, JobStatus, WebhookDelivery
+from diarist.models import ApiKey, Job, JobMetrics, JobStatus, WebhookDelivery, WorkerBeat
 
 CLASSES = ("short", "long")
 FINAL = (JobStatus.COMPLETED.value, JobStatus.FAILED.value, JobStatus.CANCELED.value)
@@ -58,13 +58,31 @@ def queue_depth(s: Session) -> dict[str, dict[str, int]]:
     return {c: out.get(c, {"queued": 0, "processing": 0}) for c in _classes(set(out))}
 
 
-def running_jobs(s: Session, now: datetime) -> list[dict[str, Any]]:
-    """The processing jobs, oldest start first, with progress in [0, 1] and elapsed seconds."""
+def running_jobs(s: Session, now: datetime, stall_after_s: float = 300.0) -> list[dict[str, Any]]:
+    """The processing jobs, oldest start first, with progress in [0, 1] and elapsed seconds. ``stalled``:
+    its progress has not moved for ``stall_after_s`` (since the claim, or the last progress write);
+    ``orphaned``: its lease expired (the worker is gone; the sweeper re-drives it)."""
     q = (select(Job).where(Job.status == JobStatus.PROCESSING.value)
          .order_by(Job.started_at.asc()).limit(RUNNING_LIMIT))
-    return [{"id": j.id, "class": class_of(j.queue), "progress": float(j.progress or 0.0),
-             "duration_s": j.duration_s, "elapsed_s": seconds(j.started_at, now), "attempts": j.attempts,
-             "filename": j.filename} for j in s.scalars(q)]
+    out = []
+    for j in s.scalars(q):
+        still = seconds(j.progress_at or j.started_at, now)
+        lease_left = seconds(now, j.lease_expires_at)
+        out.append({"id": j.id, "class": class_of(j.queue), "progress": float(j.progress or 0.0),
+                    "duration_s": j.duration_s, "elapsed_s": seconds(j.started_at, now), "attempts": j.attempts,
+                    "filename": j.filename, "stalled": still is not None and still >= stall_after_s,
+                    "orphaned": lease_left is None or lease_left < 0})
+    return out
+
+
+def workers(s: Session, now: datetime, alive_s: float) -> list[dict[str, Any]]:
+    """Every worker process that wrote a heartbeat in the last day: ``alive`` when seen within ``alive_s``,
+    its queues, whether it reaches its engine (None: no engine, e.g. a webhooks worker), jobs held."""
+    rows = s.scalars(select(WorkerBeat).where(WorkerBeat.seen_at >= now - timedelta(days=1))
+                     .order_by(WorkerBeat.queues, WorkerBeat.name))
+    return [{"name": w.name, "queues": w.queues, "alive": (seconds(w.seen_at, now) or 0.0) <= alive_s,
+             "seen_s_ago": seconds(w.seen_at, now), "engine_url": w.engine_url, "engine_ok": w.engine_ok,
+             "running": w.running} for w in rows]
 
 
 def finished_counts(s: Session, since: datetime) -> dict[str, int]:
@@ -122,15 +140,18 @@ def webhook_failures(s: Session, since: datetime, limit: int = 10) -> dict[str, 
     return {"failed_24h": int(failed), "retrying": int(retrying), "recent": recent}
 
 
-def overview(db: Database, now: datetime | None = None) -> dict[str, Any]:
-    """Every number of the overview page, JSON-ready."""
+def overview(db: Database, now: datetime | None = None, stall_after_s: float = 300.0,
+             worker_alive_s: float = 45.0) -> dict[str, Any]:
+    """Every number of the overview page, JSON-ready (``stall_after_s``: see :func:`running_jobs`;
+    ``worker_alive_s``: see :func:`workers`)."""
     now = now or datetime.now(UTC)
     day = now - timedelta(days=1)
     with db.session() as s:
         return {
             "generated_at": now.isoformat(),
             "queues": queue_depth(s),
-            "running": running_jobs(s, now),
+            "running": running_jobs(s, now, stall_after_s),
+            "workers": workers(s, now, worker_alive_s),
             "finished": {"1h": finished_counts(s, now - timedelta(hours=1)), "24h": finished_counts(s, day)},
             "audio_hours": {"total": audio_hours(s), "24h": audio_hours(s, day)},
             "classes": class_stats(s, day),

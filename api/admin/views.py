@@ -71,7 +71,10 @@ def logout(request: Request, user: AdminPage, csrf: Annotated[str, Form()] = "")
 
 
 def _live(request: Request) -> dict:
-    data = queries.overview(request.app.state.services.db)
+    st = request.app.state.services.settings
+    # A worker's sweeper beats every sweep_interval_s: three missed beats and it counts as gone.
+    data = queries.overview(request.app.state.services.db, stall_after_s=st.stall_after_s,
+                            worker_alive_s=3 * st.sweep_interval_s)
     data["engines"] = engines.summary(engines.engine_stats(request.app))
     data["series"] = series.last_hour(request.app.state.services.db)
     return data

@@ -1,4 +1,9 @@
-"""Liveness (``/healthz``: the process answers) and readiness (``/readyz``: every dependency answers)."""
+"""Liveness (``/healthz``: the process answers) and readiness (``/readyz``: every dependency answers).
+
+``/readyz`` answers 503 when the API cannot take a job (database, object store or broker down, or the
+in-process engine of embedded mode not ready). Engine servers (production) are reported under
+``engine`` but do not make it 503: while they are down jobs are accepted and wait (status ``degraded``).
+"""
 
 from __future__ import annotations
 
@@ -33,9 +38,26 @@ def _checks(request: Request, services) -> dict[str, str]:
     return checks
 
 
-@router.get("/readyz", summary="Readiness: database, object store, broker (and engine when in-process)",
+def _engine_servers(request: Request) -> str | None:
+    """``ok``, or which engine servers do not answer; None when there are none to ask (embedded)."""
+    from api.admin import engines
+
+    if getattr(request.app.state, "engine_ready", None) is not None:
+        return None
+    stats = engines.engine_stats(request.app)
+    if not stats:
+        return None
+    down = sorted(k for k, v in stats.items() if v is None)
+    return "ok" if not down else f"error: not answering: {', '.join(down)}"[:300]
+
+
+@router.get("/readyz", summary="Readiness: database, object store, broker; engine (503 only when in-process)",
             responses={503: {"description": "a dependency is down"}})
 async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     checks = await run_in_threadpool(_checks, request, services)
     ok = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ok else "unavailable", "checks": checks}, status_code=200 if ok else 503)
+    engine = await run_in_threadpool(_engine_servers, request)
+    if engine is not None:
+        checks["engine"] = engine
+    status = "unavailable" if not ok else ("degraded" if engine not in (None, "ok") else "ok")
+    return JSONResponse({"status": status, "checks": checks}, status_code=200 if ok else 503)

@@ -2,7 +2,8 @@
 
 Thread pool; consumes only its class's queue (``transcribe.short``, ``transcribe.long`` or ``webhooks``).
 Transcription workers stream from the engine server at DIARIST_ENGINE_URL and never load a model (no
-CUDA in workers).
+CUDA in workers). Each process also renews the leases of the jobs it runs and runs a sweeper
+(worker/sweeper.py) that re-drives jobs and webhooks left by dead workers or a lost broker message.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def run(args: argparse.Namespace) -> int:
     engine = None
     if args.klass != "webhooks":
         engine = HttpEngineClient(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
-    set_runtime(Runtime(services=services, engine=engine, dispatcher=dispatcher))
+    from worker.sweeper import Sweeper
+
+    rt = Runtime(services=services, engine=engine, dispatcher=dispatcher)
+    set_runtime(rt)
+    hostname = f"{args.klass}@{socket.gethostname()}"
     concurrency = args.concurrency or {"short": st.short_concurrency, "long": st.long_concurrency,
                                        "webhooks": st.webhook_concurrency}[args.klass]
     import worker.tasks  # noqa: F401 - registers the tasks
@@ -62,7 +67,14 @@ def run(args: argparse.Namespace) -> int:
 
         start_http_server(metrics_port, addr=st.worker_metrics_host, registry=services.metrics.registry)
 
-    app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=level,
-               without_mingle=True, without_gossip=True).start()
+    # Leases of the jobs this process runs, and the sweeper that re-drives other processes' dead ones.
+    rt.leases.start()
+    sweeper = Sweeper(services, dispatcher, hostname, [routing.CLASSES[args.klass]], engine=engine, leases=rt.leases)
+    sweeper.start()
+    try:
+        app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
+                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True).start()
+    finally:
+        sweeper.stop()
+        rt.leases.stop()
     return 0

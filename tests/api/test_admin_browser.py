@@ -74,8 +74,9 @@ def site(stack):
             time.sleep(0.2)
     assert job["status"] == "completed", job
     queued = Job(status="queued", queue="transcribe.long", duration_s=1800.0, filename="board-meeting.mp3",
-                 owner_key=user.id, created_at=datetime.now(UTC) - timedelta(minutes=3))
-    with svc.db.session() as s:  # a backlog job no worker has taken yet (never enqueued)
+                 owner_key=user.id, created_at=datetime.now(UTC) - timedelta(minutes=3),
+                 lease_expires_at=datetime.now(UTC) + timedelta(hours=1))  # its pickup deadline: not yet
+    with svc.db.session() as s:  # a backlog job no worker has taken yet (its message waits in the queue)
         s.add(queued)
     yield {"url": url, "svc": svc, "admin": admin.token, "user": user.token, "done": done_id, "queued": queued.id}
     server.should_exit = True

@@ -65,7 +65,8 @@ def test_overview_numbers(db, rows):
     assert o["queues"]["short"] == {"queued": 2, "processing": 1}
     assert o["queues"]["long"] == {"queued": 1, "processing": 0}
     assert o["running"] == [{"id": "job_p", "class": "short", "progress": 0.5, "duration_s": 600.0,
-                             "elapsed_s": 360.0, "attempts": 0, "filename": None}]
+                             "elapsed_s": 360.0, "attempts": 0, "filename": None,
+                             "stalled": True, "orphaned": True}]  # no progress for 6 min; no lease
     assert o["finished"]["1h"] == {"completed": 4, "failed": 1, "canceled": 0}
     assert o["finished"]["24h"] == {"completed": 5, "failed": 1, "canceled": 1}
     assert o["audio_hours"]["24h"] == pytest.approx((4 * 60 + 1800) / 3600)
@@ -130,3 +131,20 @@ def test_timeline_phases_in_order_and_summing_to_the_span():
         ("queued", 60.0), ("processing", 60.0)]
     waiting = SimpleNamespace(created_at=at(2), started_at=None, finished_at=None)
     assert [p["name"] for p in timeline.phases(waiting, None, now=NOW)] == ["queued"]
+
+
+def test_stalled_jobs_and_worker_liveness(db):
+    from diarist.models import WorkerBeat
+
+    add(db, "job_live", "processing", started=at(10), progress=0.4, progress_at=at(1), lease_expires_at=at(-1))
+    add(db, "job_stuck", "processing", started=at(10), progress=0.4, progress_at=at(6), lease_expires_at=at(-1))
+    with db.session() as s:
+        s.add(WorkerBeat(name="short@a:1", queues="transcribe.short", engine_url="http://e", engine_ok=True,
+                         running=2, started_at=at(60), seen_at=at(0.25)))
+        s.add(WorkerBeat(name="short@b:2", queues="transcribe.short", engine_url="http://e", engine_ok=False,
+                         running=0, started_at=at(60), seen_at=at(5)))
+    o = queries.overview(db, now=NOW, stall_after_s=300.0, worker_alive_s=45.0)
+    flags = {j["id"]: (j["stalled"], j["orphaned"]) for j in o["running"]}
+    assert flags == {"job_live": (False, False), "job_stuck": (True, False)}
+    assert [(w["name"], w["alive"], w["engine_ok"], w["running"]) for w in o["workers"]] == [
+        ("short@a:1", True, True, 2), ("short@b:2", False, False, 0)]

@@ -56,12 +56,15 @@ def test_openai_route_on_the_engine(engine_client):
     assert r.status_code == 200 and "ask not" in r.text.lower()
 
 
-def test_http_client_maps_a_dead_server_to_a_retryable_engine_error(tmp_path):
+def test_http_client_maps_a_dead_server_to_an_engine_outage(tmp_path):
+    """Nothing listening: the engine is down, not the job at fault (waited out, no attempt spent)."""
+    from diarist.outages import Dependency
+
     f = tmp_path / "a.wav"
     f.write_bytes(b"x")
     with pytest.raises(JobFailure) as e:
         HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, {})
-    assert e.value.code == "engine_error" and e.value.retryable
+    assert (e.value.code, e.value.retryable, e.value.outage) == ("engine_unavailable", True, Dependency.ENGINE)
     assert not HttpEngineClient("http://127.0.0.1:9").ready()
 
 

@@ -6,6 +6,7 @@ import http.server
 import json
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -180,7 +181,9 @@ def test_sse_relays_bus_events_until_the_final_status(stack, client):
     from diarist.models import Job
 
     svc = stack.services
-    job = Job(audio_key="jobs/held/audio", duration_s=10.0, status="processing")
+    # held by a (fictitious) live worker: its lease keeps the sweeper from re-driving the job
+    job = Job(audio_key="jobs/held/audio", duration_s=10.0, status="processing", lease_owner="test",
+              lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
     with svc.db.session() as s:
         s.add(job)
     got: list[tuple[str, dict]] = []
@@ -232,7 +235,9 @@ def test_many_open_event_streams_do_not_starve_other_routes(stack, client):
     from diarist.models import Job
 
     svc = stack.services
-    job = Job(audio_key="jobs/held2/audio", duration_s=10.0, status="processing")
+    # held by a (fictitious) live worker: its lease keeps the sweeper from re-driving the job
+    job = Job(audio_key="jobs/held2/audio", duration_s=10.0, status="processing", lease_owner="test",
+              lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
     with svc.db.session() as s:
         s.add(job)
     n, opened = 48, threading.Semaphore(0)

@@ -37,3 +37,12 @@ def test_redis_bus():
         roundtrip(RedisEventBus(url))
     finally:
         stop()
+
+
+def test_redis_bus_down_skips_the_event_and_logs(caplog):
+    """A progress event published while Redis is unreachable is logged and dropped; it never raises into
+    the worker's engine callback (issue 17 item 4)."""
+    bus = RedisEventBus("redis://127.0.0.1:9/0?socket_connect_timeout=1")
+    with caplog.at_level("WARNING", logger="diarist.events"):
+        bus.publish("job_1", {"type": "progress", "progress": 0.5})
+    assert "event bus unavailable, progress event of job_1 skipped" in caplog.text

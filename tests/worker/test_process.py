@@ -40,7 +40,31 @@ def test_unknown_job_is_skipped(rt):
     assert process_job(rt, "job_gone").state == "skipped"
 
 
-def test_engine_down_is_retried_then_fails_with_engine_error(rt, make_job):
+def test_engine_down_waits_without_spending_attempts_then_fails_past_the_outage_bound(rt, make_job):
+    rt.services.store.put_file("jobs/a/audio", io.BytesIO(b"RIFF...."))
+    job_id = make_job(audio_key="jobs/a/audio")
+    for n in range(4):  # more than engine_attempts (2): an outage spends none
+        out = process_job(rt, job_id, redeliveries=n)
+        assert (out.state, out.code, out.delay_s) == ("retry", "engine_unavailable", min(0.25 * 2 ** n, 60.0))
+        job = row(rt.services, job_id)
+        assert (job.status, job.attempts, job.lease_owner) == ("queued", 0, None)
+    assert job.outage_since is not None
+    rt.services.settings.outage_bound_s = 0.0  # the outage has now lasted longer than the bound
+    out = process_job(rt, job_id)
+    job = row(rt.services, job_id)
+    assert (out.state, job.status, job.error_code) == ("failed", "failed", "engine_unavailable")
+    assert "outage_bound_s" in job.error_message and "unreachable" in job.error_message
+    assert process_job(rt, job_id).state == "skipped"  # a redelivered message changes nothing
+
+
+def test_engine_dropping_the_request_spends_attempts_then_fails_with_engine_error(rt, make_job):
+    class DroppingEngine:
+        engine_id = "fake"
+
+        def transcribe(self, audio, options, on_event=None, cancel=None):
+            raise JobFailure("engine_error", "engine server dropped the request", retryable=True)
+
+    rt.engine = DroppingEngine()
     rt.services.store.put_file("jobs/a/audio", io.BytesIO(b"RIFF...."))
     job_id = make_job(audio_key="jobs/a/audio")
     first = process_job(rt, job_id)
@@ -50,9 +74,7 @@ def test_engine_down_is_retried_then_fails_with_engine_error(rt, make_job):
     assert (second.state, second.code) == ("failed", "engine_error")
     job = row(rt.services, job_id)
     assert (job.status, job.error_code, job.attempts) == ("failed", "engine_error", 2)
-    assert "unreachable" in job.error_message
-    # A redelivered message (worker crash after the failure) changes nothing.
-    assert process_job(rt, job_id).state == "skipped"
+    assert "dropped" in job.error_message
 
 
 def test_attempt_budget_holds_across_redeliveries(rt, make_job):
@@ -74,7 +96,7 @@ def test_transitions_are_conditional(services, make_job):
     assert jobs.cancel(services, job_id)
     assert not jobs.cancel(services, job_id)
     assert not jobs.fail(services, job_id, "x", "y")
-    assert jobs.claim(services, job_id) is None
+    assert jobs.claim(services, job_id, "me") is None
     assert row(services, job_id).status == "canceled"
 
 
@@ -102,3 +124,70 @@ def test_a_job_canceled_mid_run_is_skipped_not_failed(rt, make_job):
     assert process_job(rt, job_id).state == "skipped"
     job = row(rt.services, job_id)
     assert (job.status, job.error_code, job.attempts) == ("canceled", "canceled", 1)
+
+
+def test_a_live_lease_is_never_claimed_twice_and_an_expired_one_is_taken_over(services, make_job):
+    from datetime import UTC, datetime, timedelta
+
+    job_id = make_job()
+    first = jobs.claim(services, job_id, "worker-a")
+    assert first is not None and first.attempts == 1 and first.lease_owner == "worker-a"
+    assert jobs.claim(services, job_id, "worker-b") is None  # a duplicate message for a running job
+    assert jobs.renew_lease(services, job_id, "worker-a")
+    with services.db.session() as s:  # worker-a died: its lease runs out
+        s.get(Job, job_id).lease_expires_at = datetime.now(UTC) - timedelta(seconds=1)
+    second = jobs.claim(services, job_id, "worker-b")
+    assert second is not None and second.attempts == 2 and second.lease_owner == "worker-b"
+    # worker-a comes back to life: it may not renew, report progress or complete
+    assert not jobs.renew_lease(services, job_id, "worker-a")
+    assert not jobs.set_progress(services, job_id, 0.5, owner="worker-a")
+    assert not jobs.requeue(services, job_id, "worker-a", 1.0)
+    assert row(services, job_id).lease_owner == "worker-b"
+
+
+def test_database_down_at_claim_is_retried_and_touches_nothing(rt, make_job):
+    from diarist.db import Database
+
+    job_id = make_job()
+    real = rt.services.db
+    rt.services.db = Database("postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2")
+    try:
+        out = process_job(rt, job_id, redeliveries=2)
+    finally:
+        rt.services.db.dispose()
+        rt.services.db = real
+    assert (out.state, out.code, out.delay_s) == ("retry", "database_unavailable", 1.0)
+    job = row(rt.services, job_id)
+    assert (job.status, job.attempts) == ("queued", 0)
+
+
+def test_storage_down_after_the_engine_is_waited_out_and_the_job_completes_once(rt, make_job, monkeypatch):
+    """The transcript upload meets an S3 outage: the worker keeps the engine's result and retries the
+    write (bounded), instead of leaving the job processing (the old behaviour)."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from tests.worker.fakes import ResultEngine
+
+    rt.engine = ResultEngine()
+    rt.services.store.put_file("jobs/s/audio", io.BytesIO(b"RIFF...."))
+    job_id = make_job(audio_key="jobs/s/audio")
+    real_put, failures = rt.services.store.put_bytes, []
+
+    def flaky_put(key, data):
+        if len(failures) < 2:
+            failures.append(key)
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+        real_put(key, data)
+
+    monkeypatch.setattr(rt.services.store, "put_bytes", flaky_put)
+    monkeypatch.setattr("worker.process.outage_delay", lambda st, n: 0.01)
+    assert process_job(rt, job_id).state == "completed"
+    job = row(rt.services, job_id)
+    assert (job.status, job.attempts, job.transcript_key) == ("completed", 1, f"jobs/{job_id}/transcript-1.json")
+    assert failures == [job.transcript_key] * 2
+    assert b"hello" in rt.services.store.get_bytes(job.transcript_key)
+
+
+def test_a_row_without_audio_fails_audio_missing(rt, make_job):
+    job_id = make_job(audio_key=None)
+    assert (process_job(rt, job_id).state, row(rt.services, job_id).error_code) == ("failed", "audio_missing")

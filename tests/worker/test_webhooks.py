@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from diarist.models import Job, WebhookDelivery
+from diarist import jobs
+from diarist.models import Job, WebhookDelivery, WebhookOutbox
 from worker.webhooks import deliver, sign, verify
 
 
@@ -64,6 +65,18 @@ def rt(services):
     return Runtime(services=services, engine=None, dispatcher=CeleryDispatcher(services.settings))
 
 
+def outbox(services, job_id, event, message_id=None):
+    """The job's outbox message (as a final transition writes it); returns its id."""
+    with services.db.session() as s:
+        job = s.get(Job, job_id)
+        msg = jobs.enqueue_webhook(s, job, event, 600.0)
+    if message_id is not None:
+        with services.db.session() as s:
+            s.get(WebhookOutbox, msg).id = message_id
+        return message_id
+    return msg
+
+
 def deliveries(services, job_id):
     with services.db.session() as s:
         return [(d.attempt, d.status_code, d.error) for d in
@@ -77,7 +90,7 @@ def test_retry_policy(rt, make_job, code, state):
     srv = Server([code])
     try:
         job_id = make_job(status="failed", error_code="decode_failed", webhook_url=srv.url)
-        a = deliver(rt, job_id, "job.failed", "msg_x", attempt=1)
+        a = deliver(rt, outbox(rt.services, job_id, "job.failed"))
         assert a.state == state and a.status_code == code
         if state == "retry":
             assert a.delay_s == pytest.approx(0.5)
@@ -93,7 +106,8 @@ def test_backoff_doubles_and_attempts_are_bounded(rt, make_job):
     srv = Server([500, 500, 500])
     try:
         job_id = make_job(status="completed", webhook_url=srv.url)
-        delays = [deliver(rt, job_id, "job.completed", "msg_y", attempt=n) for n in (1, 2, 3)]
+        msg = outbox(rt.services, job_id, "job.completed")
+        delays = [deliver(rt, msg) for _ in (1, 2, 3)]
         assert [d.state for d in delays] == ["retry", "retry", "failed"]  # webhook_max_attempts = 3
         assert [d.delay_s for d in delays[:2]] == [0.5, 1.0]
         with rt.services.db.session() as s:
@@ -106,9 +120,49 @@ def test_backoff_doubles_and_attempts_are_bounded(rt, make_job):
 
 def test_connection_refused_is_retried_and_private_address_is_refused(rt, make_job):
     job_id = make_job(status="completed", webhook_url="http://127.0.0.1:9/closed")
-    a = deliver(rt, job_id, "job.completed", "msg_z", attempt=1)
+    msg = outbox(rt.services, job_id, "job.completed")
+    a = deliver(rt, msg)
     assert a.state == "retry" and a.status_code is None
     assert "ConnectError" in deliveries(rt.services, job_id)[0][2]
     rt.services.settings.webhook_allow_hosts = []
-    b = deliver(rt, job_id, "job.completed", "msg_z", attempt=2)
+    b = deliver(rt, msg)
     assert b.state == "failed" and deliveries(rt.services, job_id)[1][2].startswith("url_not_allowed")
+
+
+def test_a_message_is_posted_once_however_often_it_is_redelivered(rt, make_job):
+    """Duplicate broker messages (a sweeper re-send, a redelivery after a crash) find the outbox row
+    delivered, or locked by the worker sending it, and post nothing; the webhook-id is the row's id."""
+    srv = Server([])
+    try:
+        job_id = make_job(status="completed", webhook_url=srv.url)
+        msg = outbox(rt.services, job_id, "job.completed")
+        assert deliver(rt, msg).state == "delivered"
+        assert [deliver(rt, msg).state for _ in range(3)] == ["skipped"] * 3
+        assert len(srv.bodies) == 1 and srv.bodies[0][0]["webhook-id"] == msg
+        other = outbox(rt.services, job_id, "job.completed")
+        from worker.webhooks import _take
+
+        assert _take(rt, other) is not None  # a worker holds it (sending) ...
+        assert deliver(rt, other).state == "skipped"  # ... so a duplicate message does not post
+        assert len(srv.bodies) == 1
+    finally:
+        srv.close()
+
+
+def test_the_final_transition_writes_the_outbox_even_when_the_broker_is_down(rt, make_job):
+    """The webhook is in the database with the final state; a broker outage only delays it (the message
+    is made due for the sweeper)."""
+
+    class DownBroker:
+        def webhook(self, *a, **k):
+            from kombu.exceptions import OperationalError
+
+            raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    rt.services.dispatcher = DownBroker()
+    job_id = make_job(status="processing", webhook_url="http://127.0.0.1:9/h")
+    assert jobs.fail(rt.services, job_id, "decode_failed", "bad")
+    with rt.services.db.session() as s:
+        rows = s.query(WebhookOutbox).filter_by(job_id=job_id).all()
+        assert [(r.event, r.state, r.attempts, r.locked_until) for r in rows] == [("job.failed", "pending", 0, None)]
+        assert s.get(Job, job_id).webhook_status == "pending"
