@@ -22,7 +22,6 @@ from typing import Any
 
 from diarist.commands import plain
 from diarist.evaluation import TranscribeFn, evaluate
-from engine.config import DeviceUnavailable  # torch-free
 
 DEFAULT_COLLARS = (0.0, 0.25)
 
@@ -162,6 +161,8 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
                 return 2
             transcribe_fn, timing = replay_transcribe_fn(args.hyp_dir, data_dir), "reported"
         else:
+            from engine.config import DeviceUnavailable  # torch-free; not at import: eval runs without the engine
+
             try:
                 transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device,
                                                      getattr(args, "diarize", True))
