@@ -1,7 +1,9 @@
 """The engine server (``diarist engine``): one per GPU, on loopback, the only process that loads a model.
 
 Routes:
-- ``POST /internal/transcribe?options=<json>`` with the raw audio as the body: newline-delimited JSON, one
+- ``POST /internal/transcribe?options=<json>&admission_class=short|long|default`` with the raw audio as the
+  body (``admission_class``: the job's duration class, set on every engine sequence of the request so that
+  the engine admits it against its class's own limit; default ``default``): newline-delimited JSON, one
   event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
   "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
   (:class:`worker.engine_client.HttpEngineClient`).
@@ -71,7 +73,7 @@ def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
 def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
     """An app serving ``engine`` (an ``engine.Engine`` whose loop is running)."""
     from transcription.audio import AudioError
-    from engine.request import RequestRejected
+    from engine.request import ADMISSION_CLASSES, RequestRejected
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     tr = Transcriber(engine)
@@ -120,11 +122,16 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
             cancel.set()  # a no-op once the work has ended; otherwise nobody reads what it would make
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
-    async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
+    async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}",
+                                  admission_class: Annotated[str, Query()] = "default") -> StreamingResponse:
+        if admission_class not in ADMISSION_CLASSES:
+            raise ApiError(422, "invalid_request",
+                           f"admission_class must be one of {', '.join(ADMISSION_CLASSES)}, not {admission_class!r}")
         try:
             opts = _options(TranscribeOptions, json.loads(options))
         except (ValueError, TypeError) as e:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
+        opts.admission_class = admission_class
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
         os.close(fd)
         try:

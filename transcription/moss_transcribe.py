@@ -38,6 +38,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                 "coverage": 0.0, "no_speech": False, "repetition": None,
                 "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
     seq = build_moss_sequence(engine, wave, getattr(options, "max_new_tokens", None), getattr(options, "prompt", None))
+    seq.admission_class = getattr(options, "admission_class", "default")
     detok = IncrementalDetokenizer(engine.tokenizer.decode, keep=lambda t: t not in seq.stop_token_ids)
     coalescer = DeltaCoalescer(engine.config.stream_interval_s)
     lock = threading.Lock()

@@ -70,6 +70,9 @@ class TranscribeOptions:
         max_new_tokens: output budget per sequence (tokens); default from the model and duration.
         diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
         word_timestamps: compute word times (needed to split segments at speaker changes).
+        admission_class: the engine admission class of every sequence of this request
+            (``engine.request.ADMISSION_CLASSES``: the job's duration class, ``short`` or ``long``, or
+            ``default``); the engine admits each class against its own limit.
     """
 
     language: str | None = None
@@ -81,6 +84,7 @@ class TranscribeOptions:
     max_new_tokens: int | None = None
     diarize: bool = True
     word_timestamps: bool = True
+    admission_class: str = "default"
 
 
 class Transcriber:
@@ -212,7 +216,7 @@ class Transcriber:
                                     canonical=lambda t, ts0=ts0: min(ts0, t))
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
-                           stop_checker=guard, tag=i)
+                           stop_checker=guard, tag=i, admission_class=opts.admission_class)
             seq.on_event = self._make_listener(i, detok, progress, w)
             seqs.append(seq)
         for seq in seqs:

@@ -2,7 +2,9 @@
 
 Both clients take a local audio path and job options, call ``on_event(kind, payload)`` with the engine's
 streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text}, ``finished``) and return the
-engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
+engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). ``admission_class`` (``short``,
+``long`` or ``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so
+the engine admits the job against its class's own limit. Failures become :class:`JobFailure`
 with a machine code; ``retryable`` says whether another attempt could succeed.
 """
 
@@ -31,7 +33,8 @@ class JobFailure(Exception):
 class EngineClient(Protocol):
     engine_id: str
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None) -> dict:
+    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
+                   admission_class: str = "default") -> dict:
         """Raises JobFailure."""
 
     def ready(self) -> bool: ...
@@ -44,12 +47,14 @@ class InProcessEngineClient:
         self.transcriber = transcriber
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None) -> dict:
+    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
+                   admission_class: str = "default") -> dict:
         from transcription.audio import AudioError
         from engine.request import RequestRejected
         from transcription.transcriber import EngineError, TranscribeOptions
 
-        opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None})
+        opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None},
+                                 admission_class=admission_class)
         try:
             # The worker's progress callback learns of a cancel from the job row; aborting frees the KV now
             # instead of finishing work nobody will read.
@@ -79,14 +84,16 @@ class HttpEngineClient:
         self.timeout_s = timeout_s
         self.engine_id = self.url
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None) -> dict:
+    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
+                   admission_class: str = "default") -> dict:
         import httpx
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
+        query = {"options": json.dumps(params), "admission_class": admission_class}
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
         try:
             with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client, client.stream(
-                    "POST", f"{self.url}/internal/transcribe", params={"options": json.dumps(params)}, content=f,
+                    "POST", f"{self.url}/internal/transcribe", params=query, content=f,
                     headers={"content-type": "application/octet-stream"}) as r:
                 if r.status_code >= 400:
                     r.read()

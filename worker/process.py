@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from diarist import jobs
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
+from worker import routing
 from worker.engine_client import JobFailure
 from worker.runtime import Runtime
 
@@ -70,7 +71,8 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
         with svc.store.local_path(job.audio_key) as path:
-            result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress)
+            result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
+                                          admission_class=routing.admission_class(job.queue))
         transcript = Transcript.from_engine(result)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
