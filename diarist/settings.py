@@ -7,12 +7,38 @@ the embedded defaults (SQLite, local object store, in-memory broker, in-process 
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+ENGINE_SHARE = 0.8
+"""Lower bound on the fraction of a transcription worker thread's time spent inside its engine request
+(the rest: claiming the row, fetching the audio, uploading it to the engine, storing the transcript). The
+service benchmark measures it per job (``benchmarks/bench_service_gpu.py``); sizing for the bound keeps the
+engine's rows full while some threads are between engine requests."""
+
+
+def threads_to_fill(rows: int, seqs_per_job: float = 1.0, engine_share: float = ENGINE_SHARE) -> int:
+    """Worker threads that keep ``rows`` engine sequences in flight (Little's law).
+
+    A thread holds ``seqs_per_job`` sequences while it waits on the engine, which is ``engine_share`` of its
+    time, so ``n`` threads hold ``n * seqs_per_job * engine_share`` sequences on average. The defaults size
+    for the worst case: one sequence per job (a MOSS-TD recording, or a Whisper clip of one 30 s window;
+    longer Whisper jobs submit ``ceil(duration / 30 s)`` windows at once and need fewer threads). Threads
+    beyond the engine's rows cost nothing in the engine: their sequences wait for admission there.
+
+    >>> threads_to_fill(64), threads_to_fill(16), threads_to_fill(64, seqs_per_job=4)
+    (80, 20, 20)
+    """
+    if rows < 1 or seqs_per_job <= 0 or not 0 < engine_share <= 1:
+        raise ValueError(f"threads_to_fill({rows}, {seqs_per_job}, {engine_share}): needs rows >= 1, "
+                         "seqs_per_job > 0 and 0 < engine_share <= 1")
+    return math.ceil(rows / (seqs_per_job * engine_share))
 
 
 class Settings(BaseSettings):
@@ -52,12 +78,18 @@ class Settings(BaseSettings):
     engine_port: int = Field(8100, description="`diarist engine` listen port.")
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
     engine_max_running_requests: int = Field(64, description="Concurrent sequences in the engine batch.")
+    engine_long_max_running_requests: int = Field(
+        16, description="Of those, the most the long class may hold at once (its own admission limit in the "
+        "engine), so a burst of long recordings leaves the rest to short jobs; 16 x 38 min of MOSS-TD is "
+        "~66 GiB of KV.")
     engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
 
     # -- queues and workers ---------------------------------------------------------------------------
     long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
-    short_concurrency: int = Field(4, description="Threads of `diarist worker --class short`.")
-    long_concurrency: int = Field(2, description="Threads of `diarist worker --class long`.")
+    short_concurrency: int | None = Field(None, description="Threads of `diarist worker --class short`; unset: "
+                                          "threads_to_fill(engine_max_running_requests), 80 for 64 rows.")
+    long_concurrency: int | None = Field(None, description="Threads of `diarist worker --class long`; unset: "
+                                         "threads_to_fill(engine_long_max_running_requests), 20 for 16 rows.")
     webhook_concurrency: int = Field(4, description="Threads of `diarist worker --class webhooks`.")
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
@@ -91,6 +123,23 @@ class Settings(BaseSettings):
         if self.languages is not None:
             return self.languages
         return ["en"] if self.model == "whisper" else []
+
+    def worker_threads(self, klass: str) -> int:
+        """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or
+        for the transcription classes unset, enough to fill the class's engine rows (:func:`threads_to_fill`;
+        the short class may use every row, the long class ``engine_long_max_running_requests``).
+
+        Raises:
+            ValueError: an unknown class.
+        """
+        if klass == "short":
+            return self.short_concurrency or threads_to_fill(self.engine_max_running_requests)
+        if klass == "long":
+            return self.long_concurrency or threads_to_fill(
+                min(self.engine_long_max_running_requests, self.engine_max_running_requests))
+        if klass == "webhooks":
+            return self.webhook_concurrency
+        raise ValueError(f"unknown worker class {klass!r} (short, long or webhooks)")
 
     @property
     def auth_enabled(self) -> bool:

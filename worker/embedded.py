@@ -27,7 +27,7 @@ class EmbeddedWorker:
         self.dispatcher = CeleryDispatcher(st)
         services.dispatcher = self.dispatcher
         set_runtime(Runtime(services=services, engine=engine, dispatcher=self.dispatcher))
-        self.concurrency = concurrency or (st.short_concurrency + st.long_concurrency + st.webhook_concurrency)
+        self.concurrency = concurrency or sum(st.worker_threads(k) for k in routing.CLASSES)
         self.controller = None
         self.thread: threading.Thread | None = None
 

@@ -4,8 +4,8 @@ Both clients take a local audio path and job options, call ``on_event(kind, payl
 streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text}, ``finished``) and return the
 engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). ``admission_class`` (``short``,
 ``long`` or ``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so
-the engine admits the job against its class's own limit. Failures become :class:`JobFailure`
-with a machine code; ``retryable`` says whether another attempt could succeed.
+the engine admits the job against its class's own limit. Failures become :class:`JobFailure` with a machine
+code; ``retryable`` says whether another attempt could succeed.
 """
 
 from __future__ import annotations

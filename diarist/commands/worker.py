@@ -42,8 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.klass != "webhooks":
         engine = HttpEngineClient(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
     set_runtime(Runtime(services=services, engine=engine, dispatcher=dispatcher))
-    concurrency = args.concurrency or {"short": st.short_concurrency, "long": st.long_concurrency,
-                                       "webhooks": st.webhook_concurrency}[args.klass]
+    concurrency = args.concurrency or st.worker_threads(args.klass)
     import worker.tasks  # noqa: F401 - registers the tasks
 
     app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
