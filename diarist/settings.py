@@ -78,10 +78,9 @@ class Settings(BaseSettings):
     engine_port: int = Field(8100, description="`diarist engine` listen port.")
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
     engine_max_running_requests: int = Field(64, description="Concurrent sequences in the engine batch.")
-    engine_long_max_running_requests: int = Field(
-        16, description="Of those, the most the long class may hold at once (its own admission limit in the "
-        "engine), so a burst of long recordings leaves the rest to short jobs; 16 x 38 min of MOSS-TD is "
-        "~66 GiB of KV.")
+    engine_long_max_running: int | None = Field(
+        None, description="Most sequences of long-class jobs running in the engine at once (the rest of the batch "
+        "stays free for short jobs); None = a quarter of engine_max_running_requests, at least 1.")
     engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
 
     # -- queues and workers ---------------------------------------------------------------------------
@@ -89,7 +88,7 @@ class Settings(BaseSettings):
     short_concurrency: int | None = Field(None, description="Threads of `diarist worker --class short`; unset: "
                                           "threads_to_fill(engine_max_running_requests), 80 for 64 rows.")
     long_concurrency: int | None = Field(None, description="Threads of `diarist worker --class long`; unset: "
-                                         "threads_to_fill(engine_long_max_running_requests), 20 for 16 rows.")
+                                         "threads_to_fill(long_running_limit), 20 for 16 rows.")
     webhook_concurrency: int = Field(4, description="Threads of `diarist worker --class webhooks`.")
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
@@ -127,7 +126,7 @@ class Settings(BaseSettings):
     def worker_threads(self, klass: str) -> int:
         """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or
         for the transcription classes unset, enough to fill the class's engine rows (:func:`threads_to_fill`;
-        the short class may use every row, the long class ``engine_long_max_running_requests``).
+        the short class may use every row, the long class :attr:`long_running_limit`).
 
         Raises:
             ValueError: an unknown class.
@@ -135,11 +134,18 @@ class Settings(BaseSettings):
         if klass == "short":
             return self.short_concurrency or threads_to_fill(self.engine_max_running_requests)
         if klass == "long":
-            return self.long_concurrency or threads_to_fill(
-                min(self.engine_long_max_running_requests, self.engine_max_running_requests))
+            return self.long_concurrency or threads_to_fill(self.long_running_limit)
         if klass == "webhooks":
             return self.webhook_concurrency
         raise ValueError(f"unknown worker class {klass!r} (short, long or webhooks)")
+
+    @property
+    def long_running_limit(self) -> int:
+        """Engine rows the long class may hold at once (``EngineConfig.admission_limits["long"]``):
+        ``engine_long_max_running``, else a quarter of ``engine_max_running_requests`` (at least 1); never
+        more than the batch itself."""
+        rows = self.engine_max_running_requests
+        return min(rows, self.engine_long_max_running or max(1, rows // 4))
 
     @property
     def auth_enabled(self) -> bool:

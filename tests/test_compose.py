@@ -56,5 +56,5 @@ def test_workers_are_sized_from_the_engine_rows(compose):
     assert services["engine"]["environment"]["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"] == env[
         "DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]
     st = Settings(engine_max_running_requests=int(env["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]),
-                  engine_long_max_running_requests=int(env["DIARIST_ENGINE_LONG_MAX_RUNNING_REQUESTS"]))
+                  engine_long_max_running=int(env["DIARIST_ENGINE_LONG_MAX_RUNNING"]))
     assert (st.worker_threads("short"), st.worker_threads("long")) == (80, 20)

@@ -52,7 +52,7 @@ def test_worker_threads_fill_the_engine_rows(monkeypatch):
     from diarist.settings import threads_to_fill
 
     for k in ("DIARIST_SHORT_CONCURRENCY", "DIARIST_LONG_CONCURRENCY", "DIARIST_ENGINE_MAX_RUNNING_REQUESTS",
-              "DIARIST_ENGINE_LONG_MAX_RUNNING_REQUESTS"):
+              "DIARIST_ENGINE_LONG_MAX_RUNNING"):
         monkeypatch.delenv(k, raising=False)
     assert threads_to_fill(64) == 80 and threads_to_fill(16) == 20 and threads_to_fill(1) == 2
     assert threads_to_fill(64, seqs_per_job=6) == 14  # a 3-minute Whisper job: six windows in the engine
@@ -62,7 +62,7 @@ def test_worker_threads_fill_the_engine_rows(monkeypatch):
     st = Settings()
     assert (st.worker_threads("short"), st.worker_threads("long"), st.worker_threads("webhooks")) == (80, 20, 4)
     monkeypatch.setenv("DIARIST_ENGINE_MAX_RUNNING_REQUESTS", "128")
-    monkeypatch.setenv("DIARIST_ENGINE_LONG_MAX_RUNNING_REQUESTS", "200")  # capped by the batch itself
+    monkeypatch.setenv("DIARIST_ENGINE_LONG_MAX_RUNNING", "200")  # capped by the batch itself
     st = Settings()
     assert (st.worker_threads("short"), st.worker_threads("long")) == (160, 160)
     monkeypatch.setenv("DIARIST_SHORT_CONCURRENCY", "7")
