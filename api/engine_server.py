@@ -70,13 +70,17 @@ def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
     return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in allowed and v is not None})
 
 
-def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
-    """An app serving ``engine`` (an ``engine.Engine`` whose loop is running)."""
+def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None) -> FastAPI:
+    """An app serving ``engine`` (an ``engine.Engine`` whose loop is running).
+
+    ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
+    ``ValueError`` unless the engine runs dummy MOSS-TD weights).
+    """
     from transcription.audio import AudioError
     from engine.request import ADMISSION_CLASSES, RequestRejected
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
-    tr = Transcriber(engine)
+    tr = Transcriber(engine, fixed_output_tokens=fixed_output_tokens)
     app = FastAPI(title="Diarist engine", version="1")
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics

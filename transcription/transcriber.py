@@ -88,11 +88,24 @@ class TranscribeOptions:
 
 
 class Transcriber:
-    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once."""
+    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once.
 
-    def __init__(self, engine: Engine) -> None:
+    ``fixed_output_tokens`` is a benchmark-only switch (``benchmarks/bench_service_gpu.py``): every MOSS-TD
+    sequence then decodes exactly that many tokens, EOS and the loop guard off, as the engine benchmark's
+    requests do (``benchmarks/bench_engine.py``), so the service and the engine can be compared on the same
+    work. It lives on this instance, never in a request, and is refused (``ValueError``) unless the engine
+    runs random weights (``load_format="dummy"``) of the ``moss-td`` family: a real model's transcript
+    would be cut or padded.
+    """
+
+    def __init__(self, engine: Engine, fixed_output_tokens: int | None = None) -> None:
         self.engine = engine
         self.family = engine.loaded.info.get("family", "whisper")
+        if fixed_output_tokens is not None and (engine.config.load_format != "dummy" or self.family == "whisper"
+                                                or fixed_output_tokens < 1):
+            raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
+                             f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
+        self.fixed_output_tokens = fixed_output_tokens
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -109,7 +122,7 @@ class Transcriber:
             A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
-            prompt_tokens, output_tokens, processing_s, rtf}.
+            prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
         ``should_cancel`` is polled before the windows are submitted and while the engine works; once it
         returns True no further window is submitted, the recording's sequences are aborted at once (their
         KV is freed), diarization is skipped and the result has finish_reason ``abort``.
@@ -128,12 +141,14 @@ class Transcriber:
                                   f"language={opts.language!r} was asked for")
         t0 = time.perf_counter()
         audio = decode_audio(source, mono=not opts.multichannel)
+        audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
         if self.family != "whisper":
             from transcription.moss_transcribe import transcribe_moss
 
-            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel)
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
+                                     fixed_output_tokens=self.fixed_output_tokens)
             result["model"] = self.engine.loaded.info.get("name")
             result["language"] = opts.language
             result["family"] = "moss-td"
@@ -143,6 +158,7 @@ class Transcriber:
             result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
         processing = time.perf_counter() - t0
         result["metrics"]["processing_s"] = processing
+        result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
         _mark_completeness(result)
