@@ -8,6 +8,8 @@ job. Tasks are idempotent against the job row, so a redelivered message never co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from celery import Celery
 from kombu import Queue
 
@@ -27,6 +29,17 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
     if settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}
+    elif settings.broker.startswith("filesystem://"):
+        # kombu's filesystem transport: messages are files under <data_dir>/broker, shared by the processes
+        # of one host (API and workers) without a broker server. No visibility timeout: a message taken by
+        # a worker that dies is not redelivered, so this is for one-host setups where Redis cannot run
+        # (benchmarks/bench_service_gpu.py on the GPU machine), not for production.
+        folder = (Path(settings.data_dir) / "broker").resolve()
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
+                             "processed_folder": str(folder / "processed"), "store_processed": False,
+                             "control_folder": str(folder / "control"), "polling_interval": 0.01}
     celery.conf.update(
         broker_url=settings.broker,
         broker_transport_options=transport_options,

@@ -70,9 +70,12 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
     try:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
+        t_fetch = time.perf_counter()
         with svc.store.local_path(job.audio_key) as path:
+            t_engine = time.perf_counter()
             result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
                                           admission_class=routing.admission_class(job.queue))
+            t_done = time.perf_counter()
         transcript = Transcript.from_engine(result)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
@@ -95,7 +98,12 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
         return Outcome("failed", "internal_error")
 
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
+    t_store = time.perf_counter()
     svc.store.put_bytes(key, transcript.model_dump_json().encode())
+    # Where the worker's time went, beside the engine's own metrics (kept in the metrics row's ``extra``):
+    # fetching the audio, the engine call (upload, stream and the engine's processing_s), storing the result.
+    result.setdefault("metrics", {}).update(worker_fetch_s=t_engine - t_fetch, worker_engine_s=t_done - t_engine,
+                                            worker_store_s=time.perf_counter() - t_store)
     # The engine server names itself in the result; the client's own id is the fallback (in-process).
     if jobs.complete(svc, job_id, key, transcript, result, result.get("engine_id") or rt.engine.engine_id):
         return Outcome("completed")
