@@ -189,6 +189,7 @@ def analyse(wl: dict, client: dict, rows: list[dict], seqs: list[dict], engine: 
            "lost": wl["jobs"] - len(done), "submit_errors": client["errors"][:3], "timed_out": client["timed_out"],
            "duplicated": sum(n > 1 for n in count_transcripts(objects).values()) + sum(r["attempts"] != 1 for r in done),
            "engine_sequences": len(seqs), "metrics_match_engine": f"{len(matched)}/{len(done)}",
+           "jobs_with_fixed_output_tokens": sum(r["output_tokens"] == wl["tokens"] for r in done),
            "rtf_db_mean": mean(r["rtf"] for r in done), "rtf_engine_mean": mean(s["wall_s"] / s["audio_s"] for s in seqs),
            "worker_engine_share": mean(r["worker_engine_s"] / (r["finished_at"] - r["started_at"]) for r in done
                                        if "worker_engine_s" in r),

@@ -94,7 +94,8 @@ def serve(app) -> tuple[str, object, threading.Thread]:
 def moss_server(moss):
     from api.engine_server import create_engine_app
 
-    url, server, thread = serve(create_engine_app(moss[0], engine_id="adm"))
+    # A short fixed output (the benchmark switch, dummy weights): what is under test is the admission class
+    url, server, thread = serve(create_engine_app(moss[0], engine_id="adm", fixed_output_tokens=4))
     yield url
     server.should_exit = True
     thread.join(timeout=10)
@@ -106,7 +107,8 @@ def test_in_process_client_sets_the_class(moss, noise_wav, klass):
 
     engine, rec = moss
     rec.take()
-    result = InProcessEngineClient(Transcriber(engine)).transcribe(noise_wav, {}, admission_class=klass)
+    client = InProcessEngineClient(Transcriber(engine, fixed_output_tokens=4))
+    result = client.transcribe(noise_wav, {}, admission_class=klass)
     assert result["metrics"]["prompt_tokens"] > 0
     assert rec.take() == [klass]
 
@@ -172,6 +174,7 @@ def test_every_whisper_window_gets_the_class(whisper_engine, tmp_path):
 
 def test_process_job_sends_the_class_of_the_job_queue(services, make_job):
     """The worker derives the class from the job row's queue and hands it to the engine client."""
+    from diarist.models import JobMetrics
     from worker.celery_app import CeleryDispatcher
     from worker.process import process_job
     from worker.runtime import Runtime
@@ -191,4 +194,9 @@ def test_process_job_sends_the_class_of_the_job_queue(services, make_job):
         services.store.put_file(f"jobs/{queue}/audio", io.BytesIO(b"RIFF...."))
         job_id = make_job(audio_key=f"jobs/{queue}/audio", queue=queue)
         assert process_job(rt, job_id).state == "completed"
+        with services.db.session() as s:
+            extra = s.get(JobMetrics, job_id).extra
+        # where the worker's time went is stored beside the engine's metrics
+        assert {"worker_fetch_s", "worker_engine_s", "worker_store_s"} <= set(extra)
+        assert all(extra[k] >= 0 for k in ("worker_fetch_s", "worker_engine_s", "worker_store_s"))
     assert seen == ["short", "long"]

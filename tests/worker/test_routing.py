@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from worker.routing import LONG, SHORT, queue_for
 
 
@@ -21,3 +23,17 @@ def test_celery_delivery_settings():
     assert c.task_acks_late and c.task_reject_on_worker_lost and c.worker_prefetch_multiplier == 1
     assert c.broker_transport_options["visibility_timeout"] >= 3 * 3600
     assert {q.name for q in c.task_queues} == {"transcribe.short", "transcribe.long", "webhooks"}
+
+
+def test_filesystem_broker_keeps_its_messages_under_the_data_dir(tmp_path):
+    """A one-host broker without a server: API and worker processes share the folders (kombu filesystem)."""
+    from celery import Celery
+
+    from diarist.settings import Settings
+    from worker.celery_app import configure
+
+    st = Settings.model_validate({**Settings().model_dump(), "broker_url": "filesystem://", "data_dir": tmp_path})
+    opts = configure(st, Celery("t")).conf.broker_transport_options
+    assert opts["data_folder_in"] == opts["data_folder_out"] == str((tmp_path / "broker" / "queue").resolve())
+    assert all(Path(opts[k]).is_dir() for k in ("data_folder_in", "processed_folder", "control_folder"))
+    assert opts["polling_interval"] <= 0.05
