@@ -37,6 +37,8 @@ DATA=${DIARIST_TEST_DATA:-$(pwd)/../shared/data}
 SERVICE_WHEELS=(
   av==18.1.0                     # PyAV: audio decode (bundles its ffmpeg libraries, 34 MiB)
   fastapi==0.165.0 starlette==1.10.0 python-multipart==0.0.34 uvicorn==0.54.0
+  opentelemetry-api==1.45.2      # fastapi imports it at start
+  click==8.5.1                   # celery 5.7 needs click >= 8.3.1; the image's may be older
   pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   typing_extensions==4.16.0      # pydantic_core needs a newer one than some images hold
   pydantic-settings==2.16.3 python-dotenv==1.2.4
@@ -79,6 +81,13 @@ for rel in "${clips[@]}"; do
     echo "warning: $DATA/$rel not found (a GPU test will skip for it)" >&2
   fi
 done
+echo "== every requirement of a carried wheel is carried or in the GPU image"
+KINDS=${DIARIST_DEVICE_KINDS:-/work/.library/device/KINDS.md}
+if [[ -f $KINDS ]]; then
+  ${CHECK_PYTHON:-python3} scripts/check_wheel_deps.py "$KINDS" .whl "$work/payload/whl"
+else
+  echo "skipped: $KINDS not found (set DIARIST_DEVICE_KINDS to the device notes' KINDS.md)"
+fi
 tar -C "$work/payload" -cf "$work/payload.tar" .
 sha256sum "$work/payload.tar" | cut -d' ' -f1 > .gpu/payload.sha256
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
