@@ -219,7 +219,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny dummy MOSS-TD and a handful of jobs (CPU smoke)")
-    ap.add_argument("--topologies", default="embedded,production")
+    ap.add_argument("--topologies", default="production,embedded", help="run in this order: production first")
     ap.add_argument("--workloads", default="w-short,w-long")
     over = lambda s: dict(kv.split("=") for kv in s.split(",") if kv)  # noqa: E731
     ap.add_argument("--jobs", type=over, default={}, help="e.g. w-long=4")
@@ -229,7 +229,7 @@ def main() -> int:
                     help="production topology's broker (auto: redis when redis-server is on the PATH)")
     ap.add_argument("--max-running", type=int, default=64, help="engine rows (DIARIST_ENGINE_MAX_RUNNING_REQUESTS)")
     ap.add_argument("--poll-s", type=float, default=0.05)
-    ap.add_argument("--timeout", type=float, default=1800.0, help="per workload and topology (s)")
+    ap.add_argument("--timeout", type=float, default=420.0, help="per workload and topology (s): jobs not final by then count as lost")
     ap.add_argument("--start-timeout", type=float, default=600.0, help="engine server start, warm-up included")
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default="")
@@ -256,7 +256,9 @@ def main() -> int:
            "topologies": {}, "workloads": {}}
     save = lambda: args.out and Path(args.out).write_text(json.dumps(res, indent=1))  # noqa: E731
     names = [w for w in args.workloads.split(",") if w]
-    for t_name in [t for t in args.topologies.split(",") if t]:
+    # Production first: its engine lives in a child process, which gives the GPU memory back when it exits;
+    # the embedded engine lives here, and its KV pool (a fraction of the free memory) would starve a server.
+    for t_name in sorted({t for t in args.topologies.split(",") if t}, key=lambda t: t != "production"):
         engine = Engine(topo.engine_config(args.device, args.tiny, args.max_running)) if t_name == "embedded" else None
         for i, name in enumerate(names):
             wl = workload(name, args)
