@@ -187,6 +187,8 @@ def analyse(wl: dict, client: dict, rows: list[dict], seqs: list[dict], engine: 
            "concurrency": wl["concurrency"], "wall_s": wall, "engine_audio_s_per_s": engine["audio_s_per_s"],
            "service_audio_s_per_s": audio / wall if done else 0.0,
            "lost": wl["jobs"] - len(done), "submit_errors": client["errors"][:3], "timed_out": client["timed_out"],
+           "not_completed": [{k: r[k] for k in ("id", "status", "attempts", "started_at")} for r in rows
+                             if r["status"] != "completed"][:5],
            "duplicated": sum(n > 1 for n in count_transcripts(objects).values()) + sum(r["attempts"] != 1 for r in done),
            "engine_sequences": len(seqs), "metrics_match_engine": f"{len(matched)}/{len(done)}",
            "jobs_with_fixed_output_tokens": sum(r["output_tokens"] == wl["tokens"] for r in done),
@@ -229,7 +231,8 @@ def main() -> int:
                     help="production topology's broker (auto: redis when redis-server is on the PATH)")
     ap.add_argument("--max-running", type=int, default=64, help="engine rows (DIARIST_ENGINE_MAX_RUNNING_REQUESTS)")
     ap.add_argument("--poll-s", type=float, default=0.05)
-    ap.add_argument("--timeout", type=float, default=420.0, help="per workload and topology (s): jobs not final by then count as lost")
+    ap.add_argument("--timeout", type=float, default=420.0,
+                    help="per workload and topology (s): jobs not final by then count as lost")
     ap.add_argument("--start-timeout", type=float, default=600.0, help="engine server start, warm-up included")
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default="")
@@ -281,6 +284,9 @@ def main() -> int:
                 rows = db_rows(db_url, list(client["submits"]))
                 res["topologies"][t_name] = t.describe
                 result = analyse(wl, client, rows, seqs, engine_stats, data / "objects")
+                if result["lost"] and engine is None:  # what the processes said, before their folder goes
+                    result["process_log_tails"] = {p.stem: p.read_text(errors="replace").splitlines()[-15:]
+                                                   for p in sorted(data.glob("*.log"))}
             res["workloads"].setdefault(name, {})[t_name] = result
             print(name, t_name, json.dumps({k: result[k] for k in ("engine_audio_s_per_s", "service_audio_s_per_s",
                                                                      "service_over_engine", "lost", "duplicated",
