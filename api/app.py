@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import time
+from typing import Any
+
 import anyio.to_thread
 from fastapi import FastAPI
 
 from api import admin, errors
 from api.routes import events, health, jobs, openai
+from diarist.metrics import ServiceMetrics
 from diarist.services import Services
 
 DESCRIPTION = """Queue-backed speaker-attributed transcription.
@@ -40,9 +44,39 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     app.state.services = services
     app.state.engine_ready = engine_ready
     errors.install(app)
+    app.add_middleware(RequestMetrics, metrics=services.metrics)  # outermost: it sees the 500s too
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(openai.router)
     app.include_router(admin.router)  # /admin dashboard and /metrics
     return app
+
+
+class RequestMetrics:
+    """ASGI middleware: count each HTTP request and time it (until its last body byte is sent).
+
+    The ``route`` label is the matched path template (``/v1/jobs/{job_id}``), so ids never become label
+    values; a request that matched no route is ``unmatched``. An exception that escapes counts as 500.
+    """
+
+    def __init__(self, app: Any, metrics: ServiceMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0, status = time.perf_counter(), 500
+
+        async def recording_send(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.record_http(scope["method"], route, status, time.perf_counter() - t0)

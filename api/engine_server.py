@@ -1,9 +1,12 @@
 """The engine server (``diarist engine``): one per GPU, on loopback, the only process that loads a model.
 
 Routes:
-- ``POST /internal/transcribe?options=<json>&admission_class=short|long|default`` with the raw audio as the
-  body (``admission_class``: the job's duration class, set on every engine sequence of the request so that
-  the engine admits it against its class's own limit; default ``default``): newline-delimited JSON, one
+- ``POST /internal/transcribe`` with the raw audio as the body and the options as JSON in the
+  ``x-diarist-options`` header (``?options=<json>`` is still read when the header is absent; a header keeps
+  the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs, and
+  ``x-diarist-admission-class`` (``short``, ``long``; absent: ``default``): the job's duration class, set on
+  every engine sequence of the request so that the engine admits it against its class's own limit (an
+  unknown one is refused with 422 ``invalid_request``): newline-delimited JSON, one
   event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
   "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
   (:class:`worker.engine_client.HttpEngineClient`).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -34,6 +38,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.logs import job_context
+
+log = logging.getLogger("diarist.engine_server")
 
 CHUNK = 1 << 20
 _END = object()
@@ -85,15 +93,17 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
-    def run(path: Path, opts: Any, on_event: Any, cancel: threading.Event) -> dict:
+    def run(path: Path, opts: Any, on_event: Any, cancel: threading.Event, job_id: str | None = None) -> dict:
         try:
-            return tr.transcribe(str(path), opts, on_event=on_event, should_cancel=cancel.is_set)
+            with job_context(job_id):
+                return tr.transcribe(str(path), opts, on_event=on_event, should_cancel=cancel.is_set)
         except (AudioError, RequestRejected) as e:
             raise ApiError(422, e.code, e.message) from None
         except EngineError as e:
             raise ApiError(500, "engine_error", str(e)) from None
 
-    async def stream(path: Path, opts: Any, cancel: threading.Event) -> AsyncIterator[dict]:
+    async def stream(path: Path, opts: Any, cancel: threading.Event, job_id: str | None = None
+                     ) -> AsyncIterator[dict]:
         """Run the transcription on its own thread; yield its events as they come, then the result or error.
 
         The events cross to the event loop through an asyncio queue, so a waiting request holds no
@@ -108,11 +118,13 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
         def work() -> None:
             try:
-                result = run(path, opts, lambda k, p: put({"type": k, **p}), cancel)
+                result = run(path, opts, lambda k, p: put({"type": k, **p}), cancel, job_id)
                 put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 put({"type": "error", "code": e.code, "message": e.message})
             except Exception as e:  # noqa: BLE001 - the stream must end with a line the worker understands
+                with job_context(job_id):
+                    log.exception("engine request failed")  # unexpected: the one traceback of it
                 put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
             finally:
                 put(_END)
@@ -126,13 +138,13 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             cancel.set()  # a no-op once the work has ended; otherwise nobody reads what it would make
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
-    async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}",
-                                  admission_class: Annotated[str, Query()] = "default") -> StreamingResponse:
+    async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
+        admission_class = request.headers.get(ADMISSION_CLASS_HEADER, "default")
         if admission_class not in ADMISSION_CLASSES:
             raise ApiError(422, "invalid_request",
                            f"admission_class must be one of {', '.join(ADMISSION_CLASSES)}, not {admission_class!r}")
         try:
-            opts = _options(TranscribeOptions, json.loads(options))
+            opts = _options(TranscribeOptions, json.loads(request.headers.get(OPTIONS_HEADER) or options))
         except (ValueError, TypeError) as e:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
         opts.admission_class = admission_class
@@ -146,7 +158,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             Path(name).unlink(missing_ok=True)
             raise
         cancel = threading.Event()
-        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts, cancel))
+        job_id = request.headers.get(JOB_ID_HEADER)
+        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts, cancel, job_id))
         return CancelOnClose(lines, cancel, media_type="application/x-ndjson")
 
     @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")

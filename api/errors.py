@@ -62,7 +62,36 @@ def install(app: FastAPI) -> None:
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def _internal(_req: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse(error_body("internal_error", f"{type(exc).__name__}"), status_code=500)
+    app.add_middleware(InternalErrors)
+
+
+class InternalErrors:
+    """ASGI middleware: an unexpected exception becomes a 500 ``internal_error`` and one logged traceback.
+
+    Starlette's own ``exception_handler(Exception)`` re-raises after answering, so uvicorn printed the
+    traceback a second time ("Exception in ASGI application"); here the exception stops. When the response
+    had already started (a stream), nothing more can be sent: the traceback is logged and the response ends.
+    Expected failures (:class:`ApiError`, validation, HTTP errors) never get here and log no traceback.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are logged and answered
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                response = JSONResponse(error_body("internal_error", type(exc).__name__), status_code=500)
+                await response(scope, receive, send)

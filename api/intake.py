@@ -18,6 +18,7 @@ import av
 
 from api.errors import ApiError
 from diarist.netguard import UnsafeURL, check_url
+from diarist.redact import redact_text
 from diarist.settings import Settings
 
 CHUNK = 1 << 20
@@ -49,14 +50,15 @@ def save_stream(src: BinaryIO, limit: int, dest_dir: str | None = None) -> tuple
 
 
 def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> tuple[Path, int]:
-    """Download ``audio_url`` to a temp file (size-limited, private addresses refused unless allow-listed).
+    """Download ``audio_url`` to a temp file (size-limited; non-global addresses refused unless in
+    ``DIARIST_AUDIO_URL_ALLOW_HOSTS``). Error messages never repeat the URL's credentials or query string.
 
     Raises ApiError: 422 ``invalid_url`` / ``url_not_allowed`` / ``url_fetch_failed``, 413 ``too_large``.
     """
     import httpx
 
     try:
-        check_url(url, settings.webhook_allow_hosts)
+        check_url(url, settings.audio_url_allow_hosts, setting="DIARIST_AUDIO_URL_ALLOW_HOSTS")
     except UnsafeURL as e:
         raise ApiError(422, e.code, e.message) from None
     fd, name = tempfile.mkstemp(prefix="diarist-url-")
@@ -73,7 +75,9 @@ def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> t
                 out.write(chunk)
     except httpx.HTTPError as e:
         Path(name).unlink(missing_ok=True)
-        raise ApiError(422, "url_fetch_failed", f"could not fetch audio_url: {type(e).__name__}: {e}") from None
+        reason = redact_text(str(e))
+        raise ApiError(422, "url_fetch_failed",
+                       f"could not fetch audio_url: {type(e).__name__}: {reason}") from None
     except BaseException:
         Path(name).unlink(missing_ok=True)
         raise

@@ -1,18 +1,24 @@
 """Prometheus ``/metrics`` (prometheus-client) for the API and for the engine server.
 
 Names follow https://prometheus.io/docs/practices/naming/ (base units in names, ``_total`` counters,
-``_ratio`` for unitless ratios). The API's numbers are read from the database at scrape time, so every
-replica reports the same, workers need no metrics port, and a restart loses nothing; counters derived
-from job rows drop when jobs are deleted (Prometheus' ``rate()`` treats a drop as a counter reset).
+``_ratio`` for unitless ratios). Two kinds of numbers:
 
-API (``router``):
-  diarist_jobs{status,class}                       gauge: job rows by state and duration class
-  diarist_job_queue_wait_seconds{class}            histogram: first claim − submit, jobs that started
-  diarist_job_rtf_ratio{class}                     histogram: processing s / audio s, completed jobs
-  diarist_audio_processed_seconds_total{class}     counter: audio seconds of completed jobs
-  diarist_webhook_deliveries_total{outcome}        counter: attempts (success|client_error|server_error|network_error)
-  diarist_webhook_jobs{status}                     gauge: jobs by webhook state (pending|retrying|delivered|failed)
-  + the engine metrics below when the engine runs in-process (embedded mode), labelled ``engine``.
+- **Event counters and histograms** (:class:`diarist.metrics.ServiceMetrics`): incremented by this process
+  when the event happens, so a ``_total`` never goes down (deleting a job changes no counter). Workers
+  expose theirs on ``diarist worker --metrics-port``; see that module for the list, HTTP request metrics
+  included.
+- **State read at scrape time** (gauges, which may go down): from the database, the broker and the
+  engines.
+
+API (``router``), besides the event metrics:
+  diarist_jobs{status,class}            gauge: job rows by state and duration class
+  diarist_webhook_jobs{status}          gauge: jobs by webhook state (pending|retrying|delivered|failed)
+  diarist_broker_up                     gauge: 1 when the broker answered
+  diarist_queue_messages{queue}         gauge: messages waiting in each broker queue (queue depth)
+  diarist_workers{class}                gauge: workers answering a Celery ping, by class (short|long|webhooks)
+  + the engine metrics below for the in-process engine (embedded) or every engine server of
+    DIARIST_ADMIN_ENGINE_URLS (default DIARIST_ENGINE_URL), labelled ``engine``; diarist_engine_up is 0 for
+    one that does not answer.
 Engine server (:func:`engine_metrics_router`), label ``engine``:
   diarist_engine_up, diarist_engine_info{model,device}, diarist_engine_running_requests,
   diarist_engine_waiting_requests, diarist_engine_kv_cache_usage_ratio, diarist_engine_kv_cache_capacity_tokens,
@@ -23,6 +29,8 @@ Engine server (:func:`engine_metrics_router`), label ``engine``:
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,14 +43,13 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from sqlalchemy import case, extract, func, select
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from sqlalchemy import func, select
 
 from diarist.db import Database
-from diarist.models import Job, JobMetrics, JobStatus, WebhookDelivery
+from diarist.metrics import class_of
+from diarist.models import Job, JobStatus
 
-QUEUE_WAIT_BUCKETS_S = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
-RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 STATUSES = tuple(s.value for s in JobStatus)
 WEBHOOK_STATES = ("pending", "retrying", "delivered", "failed")
 ENGINE_COUNTERS = (("steps", "steps", "Engine steps (one forward pass each)."),
@@ -53,81 +60,72 @@ ENGINE_COUNTERS = (("steps", "steps", "Engine steps (one forward pass each)."),
                    ("cuda_graph_replays", "cuda_graph_replays", "Decode steps replayed from a CUDA graph."),
                    ("encoder_cache_hits", "encoder_cache_hits", "Encoder windows served from the cache."),
                    ("encoder_cache_misses", "encoder_cache_misses", "Encoder windows computed."))
-
-
-def class_of(queue: str | None) -> str:
-    """``transcribe.short`` → ``short`` (same rule as the dashboard's)."""
-    return (queue or "").rsplit(".", 1)[-1] or "unknown"
-
-
-def _seconds_between(db: Database, a: Any, b: Any) -> Any:
-    """SQL for ``b − a`` in seconds (no portable datediff: one expression per dialect)."""
-    if db.engine.dialect.name == "sqlite":
-        return (func.julianday(b) - func.julianday(a)) * 86400.0
-    return extract("epoch", b - a)
-
-
-def _histogram(db: Database, name: str, doc: str, value: Any, where: list, buckets: tuple) -> HistogramMetricFamily:
-    """One ``class``-labelled histogram of ``value`` over the rows matching ``where``, counted in SQL."""
-    cols = [func.sum(case((value <= b, 1), else_=0)) for b in buckets]
-    q = (select(Job.queue, func.count(), func.coalesce(func.sum(value), 0.0), *cols)
-         .select_from(Job).join(JobMetrics, JobMetrics.job_id == Job.id, isouter=True)
-         .where(*where, value.is_not(None)).group_by(Job.queue))
-    fam = HistogramMetricFamily(name, doc, labels=["class"])
-    with db.session() as s:
-        for queue, n, total, *le in s.execute(q):
-            pairs = [(repr(float(b)), int(c or 0)) for b, c in zip(buckets, le, strict=True)] + [("+Inf", int(n))]
-            fam.add_metric([class_of(queue)], pairs, float(total))
-    return fam
+WORKER_CLASSES = ("short", "long", "webhooks")
+BROKER_CACHE_S = 5.0
+"""Broker answers (queue depths, worker pings) are reused this long: a ping waits its whole timeout."""
 
 
 class JobsCollector:
-    """Job, audio and webhook metrics of one database, computed at each scrape."""
+    """Job-row gauges of one database, read at each scrape."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
 
     def collect(self) -> Iterator[Metric]:
-        db = self.db
         jobs = GaugeMetricFamily("diarist_jobs", "Jobs by status and duration class.", labels=["status", "class"])
-        audio = CounterMetricFamily("diarist_audio_processed_seconds", "Audio seconds in completed jobs.",
-                                    labels=["class"])
-        hooks = CounterMetricFamily("diarist_webhook_deliveries", "Webhook delivery attempts by outcome.",
-                                    labels=["outcome"])
         hook_jobs = GaugeMetricFamily("diarist_webhook_jobs", "Jobs by webhook state.", labels=["status"])
-        code = WebhookDelivery.status_code
-        outcome = case((code.is_(None), "network_error"), ((code >= 200) & (code < 300), "success"),
-                       ((code >= 400) & (code < 500), "client_error"), else_="server_error")
-        with db.session() as s:
+        with self.db.session() as s:
             counts = {(class_of(q), st): n for q, st, n in
                       s.execute(select(Job.queue, Job.status, func.count()).group_by(Job.queue, Job.status))}
-            secs = s.execute(select(Job.queue, func.coalesce(func.sum(Job.duration_s), 0.0))
-                             .where(Job.status == JobStatus.COMPLETED.value).group_by(Job.queue)).all()
-            by_outcome = dict(s.execute(select(outcome, func.count()).group_by(outcome)).all())
             by_hook = dict(s.execute(select(Job.webhook_status, func.count()).where(Job.webhook_status.is_not(None))
                                      .group_by(Job.webhook_status)).all())
-        classes = sorted({"short", "long"} | {c for c, _ in counts})
-        for c in classes:
+        for c in sorted({"short", "long"} | {c for c, _ in counts}):
             for st in STATUSES:
                 jobs.add_metric([st, c], counts.get((c, st), 0))
-        done = {c: 0.0 for c in classes}
-        for q, total in secs:
-            done[class_of(q)] = done.get(class_of(q), 0.0) + float(total)
-        for c, total in sorted(done.items()):
-            audio.add_metric([c], total)
-        for o in ("success", "client_error", "server_error", "network_error"):
-            hooks.add_metric([o], by_outcome.get(o, 0))
         for st in sorted(set(WEBHOOK_STATES) | set(by_hook)):
             hook_jobs.add_metric([st], by_hook.get(st, 0))
         yield jobs
-        yield _histogram(db, "diarist_job_queue_wait_seconds", "Seconds from submit to the first worker claim.",
-                         _seconds_between(db, Job.created_at, Job.started_at), [Job.started_at.is_not(None)],
-                         QUEUE_WAIT_BUCKETS_S)
-        yield _histogram(db, "diarist_job_rtf_ratio", "Real-time factor (processing s / audio s) of completed jobs.",
-                         JobMetrics.rtf, [Job.status == JobStatus.COMPLETED.value], RTF_BUCKETS)
-        yield audio
-        yield hooks
         yield hook_jobs
+
+
+class BrokerCollector:
+    """Queue depth and worker liveness from the dispatcher (``queue_depths()``, ``workers_alive()``).
+
+    A broker that does not answer gives ``diarist_broker_up 0`` and no depth samples; answers are cached
+    for :data:`BROKER_CACHE_S`.
+    """
+
+    def __init__(self, dispatcher: Any) -> None:
+        self.dispatcher = dispatcher
+        self._lock = threading.Lock()
+        self._cached: tuple[float, dict[str, int] | None, dict[str, int]] | None = None
+
+    def _read(self) -> tuple[dict[str, int] | None, dict[str, int]]:
+        with self._lock:
+            now = time.monotonic()
+            if self._cached is None or now - self._cached[0] > BROKER_CACHE_S:
+                try:
+                    depths: dict[str, int] | None = self.dispatcher.queue_depths()
+                    workers = self.dispatcher.workers_alive()
+                except Exception:  # noqa: BLE001 - a down broker is a value (broker_up 0), not a scrape error
+                    depths, workers = None, {}
+                self._cached = (now, depths, workers)
+            return self._cached[1], self._cached[2]
+
+    def collect(self) -> Iterator[Metric]:
+        depths, workers = self._read()
+        up = GaugeMetricFamily("diarist_broker_up", "1 when the broker answered.")
+        up.add_metric([], 0 if depths is None else 1)
+        depth = GaugeMetricFamily("diarist_queue_messages", "Messages waiting in each broker queue.",
+                                  labels=["queue"])
+        for q, n in sorted((depths or {}).items()):
+            depth.add_metric([q], n)
+        alive = GaugeMetricFamily("diarist_workers", "Workers answering a ping, by class.", labels=["class"])
+        for c in sorted(set(WORKER_CLASSES) | set(workers)):
+            alive.add_metric([c], workers.get(c, 0))
+        yield up
+        yield depth
+        yield alive
 
 
 class EngineCollector:
@@ -188,11 +186,13 @@ def api_metrics(request: Request) -> Response:
     app = request.app
     reg = getattr(app.state, "metrics_registry", None)
     if reg is None:
-        collectors: list[Any] = [JobsCollector(app.state.services.db)]
-        if callable(getattr(app.state, "engine_stats", None)):
-            from api.admin.engines import engine_stats  # not at import: api.admin imports this module
+        from api.admin.engines import engine_stats  # not at import: api.admin imports this module
 
-            collectors.append(EngineCollector(lambda: engine_stats(app)))
+        services = app.state.services
+        collectors: list[Any] = [services.metrics, JobsCollector(services.db),
+                                 EngineCollector(lambda: engine_stats(app))]
+        if services.dispatcher is not None and hasattr(services.dispatcher, "queue_depths"):
+            collectors.append(BrokerCollector(services.dispatcher))
         reg = app.state.metrics_registry = _registry(*collectors)
     return _exposition(reg)
 

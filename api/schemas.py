@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from diarist.models import Job
+from diarist.redact import display_url, redact_text
 
 Status = Literal["queued", "processing", "completed", "failed", "canceled"]
 TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"]
@@ -84,7 +85,7 @@ class Metrics(BaseModel):
 
 
 class WebhookState(BaseModel):
-    url: str
+    url: str = Field(..., description="The webhook_url without credentials, query string or fragment.")
     status: str | None = Field(None, description="pending | retrying | delivered | failed")
     last_status_code: int | None = None
     attempts: int = 0
@@ -120,12 +121,13 @@ class JobOut(BaseModel):
         return cls(
             id=job.id, status=job.status, created_at=_utc(job.created_at), updated_at=_utc(job.updated_at),
             started_at=_utc(job.started_at), finished_at=_utc(job.finished_at), model=job.model, queue=job.queue,
-            filename=job.filename, duration=job.duration_s, progress=job.progress, attempts=job.attempts,
+            filename=redact_text(job.filename) if job.filename else None, duration=job.duration_s,
+            progress=job.progress, attempts=job.attempts,
             options=job.options or {}, language=job.language, num_speakers=job.num_speakers,
             incomplete=job.incomplete,
             error=ErrorInfo(code=job.error_code, message=job.error_message) if job.error_code else None,
             metrics=Metrics(**{k: getattr(m, k) for k in Metrics.model_fields}) if m is not None else None,
-            webhook=WebhookState(url=job.webhook_url, status=job.webhook_status,
+            webhook=WebhookState(url=display_url(job.webhook_url), status=job.webhook_status,
                                  last_status_code=job.webhook_status_code, attempts=deliveries)
             if job.webhook_url else None,
         )

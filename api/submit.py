@@ -19,6 +19,7 @@ from api.schemas import JobOptions
 from diarist import jobs
 from diarist.models import Job, new_id
 from diarist.netguard import UnsafeURL, check_url
+from diarist.redact import display_url
 from diarist.services import Services
 
 log = logging.getLogger("diarist.api")
@@ -119,7 +120,8 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     queue = services.dispatcher.queue_for(duration)
     job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
-              filename=(source.filename or None) if source.url is None else source.url[:500], audio_key=audio_key,
+              filename=(source.filename or None) if source.url is None else display_url(source.url)[:500],
+              audio_key=audio_key,
               audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
               webhook_url=opts.webhook_url, request_sha256=fingerprint)
     try:
@@ -137,6 +139,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         log.exception("enqueue failed for %s", job_id)
         jobs.fail(services, job_id, "queue_unavailable", f"the job could not be queued: {type(e).__name__}")
         raise ApiError(503, "queue_unavailable", "the job queue is unavailable; retry later") from None
+    services.metrics.record_submitted(queue)
     services.bus.publish(job_id, {"type": "status", "status": "queued", "progress": 0.0})
     with services.db.session() as s:
         job = s.get(Job, job_id)

@@ -39,8 +39,6 @@ from bench_baselines import (
 )
 
 from engine import Engine, EngineConfig, Sequence
-from engine.attention.triton_ops import decode as decode_ops
-from engine.attention.triton_ops import extend as extend_ops
 from transcription.moss_td_pipeline import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
@@ -97,10 +95,12 @@ def json_saver(res: dict, out: str, markdown: Callable[[dict], str] | None = Non
 
 
 def make_engine(args) -> Engine:
-    cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
-                       attention_backend=args.backend, cuda_graph_max_bs=args.graph_max_bs,
-                       max_running_requests=64, chunk_size=args.chunk_size, async_decode=args.async_decode,
-                       kv_memory_fraction=args.kv_fraction, seed=0)
+    """The engine as ``diarist engine --device cuda`` builds it (dtype, backend, graphs, async decode and
+    kernel choices resolved by :func:`engine.resolve.resolve_config`), MOSS-TD dummy weights, with only the
+    choices named on the command line overridden."""
+    cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", attention_backend=args.backend,
+                       cuda_graph_max_bs=args.graph_max_bs, max_running_requests=64, chunk_size=args.chunk_size,
+                       async_decode=args.async_decode, kv_memory_fraction=args.kv_fraction, seed=0)
     if getattr(args, "no_prefill_graphs", False):
         cfg.prefill_graph_tokens = ()
     if getattr(args, "no_priority_stream", False):
@@ -112,9 +112,9 @@ def make_engine(args) -> Engine:
     if getattr(args, "prefill_buckets", ""):
         cfg.prefill_graph_tokens = tuple(int(t) for t in args.prefill_buckets.split(","))
     if getattr(args, "single_split_per_sm", None) is not None:
-        decode_ops.SINGLE_SPLIT_PROGRAMS_PER_SM = args.single_split_per_sm
+        cfg.decode_single_split_programs_per_sm = args.single_split_per_sm
     if getattr(args, "extend_large_tile_from", None) is not None:
-        extend_ops.LARGE_TILE_MIN_EXTEND = args.extend_large_tile_from
+        cfg.extend_large_tile_min_tokens = args.extend_large_tile_from
     return Engine(cfg)
 
 
@@ -300,7 +300,7 @@ def main() -> None:
     ap.add_argument("--requests", default="", help="overrides, e.g. w-short-c1=100,w-long-c1=1")
     ap.add_argument("--tokens", default="", help="output-token overrides (shortened runs are projected)")
     ap.add_argument("--commit", default="", help="commit of the tree (the device copy has no git history)")
-    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--backend", default=None, help="attention backend (default: the engine's choice, triton)")
     ap.add_argument("--graph-max-bs", type=int, default=64)
     ap.add_argument("--chunk-size", type=int, default=4096)
     ap.add_argument("--no-prefill-graphs", action="store_true", help="prompt chunks run eagerly")
@@ -309,9 +309,9 @@ def main() -> None:
     ap.add_argument("--encoder-window-budget", type=int, default=None, help="EngineConfig.encoder_window_budget")
     ap.add_argument("--prefill-buckets", default="", help="EngineConfig.prefill_graph_tokens, comma-separated")
     ap.add_argument("--single-split-per-sm", type=int, default=None,
-                    help="engine.attention.triton_ops.decode.SINGLE_SPLIT_PROGRAMS_PER_SM (0: off)")
+                    help="EngineConfig.decode_single_split_programs_per_sm (0: off)")
     ap.add_argument("--extend-large-tile-from", type=int, default=None,
-                    help="engine.attention.triton_ops.extend.LARGE_TILE_MIN_EXTEND (0: off)")
+                    help="EngineConfig.extend_large_tile_min_tokens (0: off)")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)

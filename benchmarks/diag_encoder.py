@@ -9,7 +9,7 @@ Sections (one JSON object, written to ``--out`` after each):
              At 75acd17 this also timed a Triton GEMM with an erf epilogue: 451 TFLOPS at M = 12000 vs
              cuBLAS's 708, slower than GEMM + GELU, so it was dropped (diag_encoder_h200.json).
   encoder    the MOSS-TD encoder (dummy weights) at 1 and 8 windows, eager and graphs, with the fused
-             fc1 + GELU (``engine.ops.linear.FUSED_GELU_GEMM``) and without, and the largest output difference between the two.
+             fc1 + GELU (``EngineConfig.fused_gelu_gemm``) and without, and the largest output difference between the two.
   w90        one 90-minute recording (180 windows) through the engine's encoder stage, under the torch
              profiler: wall phases, the encoder stream's kernel time and span, the host calls that took
              longest, and the same phase without the encoder cache (no host copy of the embeddings).
@@ -92,7 +92,7 @@ def encoder(model) -> dict:
     res: dict = {}
     outs = {}
     for fused in (False, True):
-        engine_linear.FUSED_GELU_GEMM = fused
+        engine_linear.set_linear_kernels(enc, engine_linear.LinearKernels(fused_gelu_gemm=fused))
         graphs = EncoderGraphs(model.window_mel, enc, dev, [1, 8])
         graphs.capture(torch.cuda.Stream())
         tag = "fused" if fused else "unfused"
@@ -108,7 +108,7 @@ def encoder(model) -> dict:
     d = (outs["fused"] - outs["unfused"]).abs()
     res.update(fused_vs_unfused_max_abs=d.max().item(), fused_vs_unfused_mean_abs=d.mean().item(),
                output_max_abs=outs["unfused"].abs().max().item())
-    engine_linear.FUSED_GELU_GEMM = True
+    engine_linear.set_linear_kernels(enc, engine_linear.LinearKernels(fused_gelu_gemm=True))
     torch.cuda.empty_cache()
     return res
 

@@ -27,13 +27,14 @@ from engine.loaders.moss_td import TINY_DUMMY_CONFIG  # noqa: E402
 
 
 def engine_config(device: str, tiny: bool, max_running: int) -> Any:
-    """The engine the service runs here: MOSS-TD dummy weights (tiny shapes with ``tiny``) on ``device``,
-    everything else left for the engine to resolve from the device, as ``diarist engine`` leaves it."""
-    from engine import EngineConfig
+    """The engine the service runs here: what ``diarist engine`` builds from its settings
+    (:meth:`diarist.settings.Settings.engine_config`: dtype, kernels, graphs and class admission resolved from
+    the device), with MOSS-TD dummy weights (tiny shapes with ``tiny``) on ``device``."""
+    from diarist.settings import Settings
 
-    return EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG if tiny else {},
-                        device=device, max_running_requests=max_running, seed=0,
-                        kv_budget_bytes=(256 << 20) if tiny else None)
+    return Settings(engine_max_running_requests=max_running).engine_config(
+        model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG if tiny else {}, device=device,
+        seed=0, kv_budget_bytes=(256 << 20) if tiny else None)
 
 
 class SequenceLog:

@@ -103,6 +103,7 @@ def notify_final(svc: Services, job_id: str) -> None:
         job = s.get(Job, job_id)
         if job is None:
             return
+        svc.metrics.record_final(job)  # once per job: only the winner of the final transition gets here
         event = {"type": "status", "status": job.status, "progress": job.progress,
                  "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
         url = job.webhook_url

@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from diarist.db import Database
 from diarist.events import EventBus, make_bus
+from diarist.metrics import ServiceMetrics
 from diarist.settings import Settings
 from diarist.storage import ObjectStore, make_store
 
@@ -30,6 +31,12 @@ class Dispatcher(Protocol):
     def ping(self) -> None:
         """Raises when the broker is unreachable."""
 
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each queue (``{queue name: n}``). Raises when the broker is unreachable."""
+
+    def workers_alive(self) -> dict[str, int]:
+        """Workers answering a ping, by class (``short``, ``long``, ``webhooks``; ``embedded``)."""
+
 
 @dataclass
 class Services:
@@ -38,6 +45,7 @@ class Services:
     store: ObjectStore
     bus: EventBus
     dispatcher: Dispatcher | None = None
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)  # this process's event counters
 
     @classmethod
     def from_settings(cls, settings: Settings, migrate: bool = False) -> Services:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 ENGINE_SHARE = 0.8
@@ -78,10 +81,21 @@ class Settings(BaseSettings):
     engine_port: int = Field(8100, description="`diarist engine` listen port.")
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
     engine_max_running_requests: int = Field(64, description="Concurrent sequences in the engine batch.")
+    engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
     engine_long_max_running: int | None = Field(
         None, description="Most sequences of long-class jobs running in the engine at once (the rest of the batch "
         "stays free for short jobs); None = a quarter of engine_max_running_requests, at least 1.")
-    engine_kv_budget_bytes: int | None = Field(None, description="KV cache bytes; None = engine default.")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Engine compute dtype; None = float32 on the CPU, on CUDA the checkpoint's float16/"
+        "bfloat16, else bfloat16 (engine.resolve).")
+    attention_backend: Literal["torch", "triton"] | None = Field(
+        None, description="Engine attention kernels; None = triton on CUDA, the torch reference on the CPU.")
+    cuda_graph_max_bs: int | None = Field(
+        None, description="Largest decode batch replayed as a CUDA graph; 0 turns decode and prefill graphs off; "
+        "None = the engine default (64).")
+    async_decode: bool | None = Field(None, description="Launch each decode step before reading the last one's "
+                                      "tokens; None = on for CUDA, off on the CPU.")
+    encoder_graphs: bool = Field(True, description="Encoder CUDA graphs by window count (CUDA; MOSS-TD).")
 
     # -- queues and workers ---------------------------------------------------------------------------
     long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
@@ -93,6 +107,18 @@ class Settings(BaseSettings):
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
     visibility_timeout_s: int = Field(3 * 3600, description="Redis redelivery timeout; above the longest job.")
+    worker_metrics_port: int | None = Field(
+        None, description="`diarist worker` serves its Prometheus counters (completions, failures, webhook "
+        "attempts) on this port; unset: off.")
+    worker_metrics_host: str = Field("127.0.0.1", description="Listen address of a worker's metrics port.")
+    cancel_poll_s: float = Field(0.5, description="How often a worker reads a running job's row to notice a "
+                                 "cancel; the engine aborts the job's sequences within about this long.")
+
+    # -- logs ------------------------------------------------------------------------------------------
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text or JSON objects (one per line: ts, level, logger, message, "
+        "job_id, exc); see diarist/logs.py.")
+    log_level: str = Field("INFO", description="Root log level (DEBUG, INFO, WARNING, ERROR).")
 
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
@@ -114,7 +140,30 @@ class Settings(BaseSettings):
     webhook_backoff_max_s: float = Field(600.0, description="Cap on one retry delay.")
     webhook_secret: str | None = Field(None, description="whsec_... used when a job has no API key (auth off).")
     webhook_allow_hosts: list[str] = Field(
-        [], description="Hosts, IPs or CIDRs allowed even when private/loopback (webhooks and audio_url).")
+        [], description="Webhook targets (hosts, IPs or CIDRs) allowed even when not globally routable "
+        "(loopback, private, CGNAT, link-local); audio_url fetches have their own list.")
+    audio_url_allow_hosts: list[str] = Field(
+        [], description="`audio_url` hosts, IPs or CIDRs the API may download from even when not globally "
+        "routable; empty: public addresses only.")
+
+    def engine_config(self, **overrides: Any) -> EngineConfig:
+        """The engine configuration these settings ask for (``overrides`` win: CLI flags). Choices left
+        unset stay ``None`` for :func:`engine.resolve.resolve_config` to fill from the device, the one place
+        that decides them. Torch-free."""
+        from engine.config import EngineConfig
+
+        max_running = overrides.get("max_running_requests", self.engine_max_running_requests)
+        long_limit = self.engine_long_max_running or max(1, max_running // 4)
+        fields = {"model": self.model, "model_path": self.model_path, "device": self.device, "dtype": self.dtype,
+                  "attention_backend": self.attention_backend, "kv_budget_bytes": self.engine_kv_budget_bytes,
+                  "max_running_requests": max_running, "async_decode": self.async_decode,
+                  "admission_limits": {"long": long_limit}}
+        if self.cuda_graph_max_bs is not None:
+            fields["cuda_graph_max_bs"] = self.cuda_graph_max_bs
+        if not self.encoder_graphs:
+            fields["encoder_graph_buckets"] = ()
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return EngineConfig(**fields)
 
     @property
     def accepted_languages(self) -> list[str]:

@@ -1,8 +1,21 @@
-"""Engine configuration: one dataclass, filled from CLI flags or settings."""
+"""Engine configuration: one dataclass, filled from CLI flags or settings; ``None`` fields are resolved
+from the device and the checkpoint by :func:`engine.resolve.resolve_config`, the one place every entry
+point goes through (the engine calls it in its constructor).
+
+Torch-free, so the service can import it (and :class:`DeviceUnavailable`) without loading torch.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+class DeviceUnavailable(ValueError):
+    """The configured device does not exist on this machine (``cuda`` without CUDA, ``cuda:3`` on a
+    one-GPU host) or is not one the engine runs on (``tpu``). ``code`` is ``"device_unavailable"``; the
+    message names the device. The CLI prints it as one line and exits 2."""
+
+    code = "device_unavailable"
 
 
 @dataclass
@@ -16,29 +29,42 @@ class EngineConfig:
             ``"dummy"`` (random weights of ``dummy_config``).
         dummy_config: model config overrides for ``load_format="dummy"`` (e.g. tiny shapes in tests).
         device: ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``.
-        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``).
+        dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``). ``None``: float32 on the CPU;
+            on CUDA the checkpoint's dtype when it is float16 or bfloat16, else bfloat16.
         kv_budget_bytes: bytes for the KV cache (self-attention pool plus Whisper cross-attention rows).
             ``None``: 1 GiB on CPU, ``kv_memory_fraction`` of free memory on CUDA after the weights load.
         kv_memory_fraction: fraction of free device memory given to KV when no byte budget is set.
         max_running_requests: rows of the ``req_to_token`` table (concurrent sequences), row 0 excluded.
         chunk_size: prefill token budget per step (tokens); a longer prompt is split over several steps.
         max_context: context length in tokens; ``None`` takes the model's.
-        attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA).
+        attention_backend: ``"torch"`` (reference, any device) or ``"triton"`` (CUDA). ``None``: triton on
+            CUDA, torch elsewhere.
         cuda_graph_max_bs: largest decode batch replayed as a CUDA graph (CUDA + ``"triton"`` only;
             0 disables graphs). Buckets: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32.
         prefill_graph_tokens: token counts with a prefill CUDA graph (:mod:`engine.prefill_graphs`; those
             above ``chunk_size`` are dropped; empty: prompt chunks run eagerly). Captured with the decode
             graphs, for models without cross-attention. ``prefill_graph_max_items``: most sequences in one.
         small_batch_gemv: single-token steps (decode at batch 1) run the decoder's matrix products through
-            our Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS: 1.1-3.6x
-            faster per matrix on an H200 at M = 1, slower from M = 2-4 on (bench_decode_ops). Process-wide.
+            our Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS (faster at
+            M = 1 only: benchmarks/results/decode_ops_h200.json). ``None``: on for CUDA. Per engine.
         fused_gelu_gemm: Whisper encoder MLPs run fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue
             (tanh form; :func:`engine.ops.linear.linear_gelu` states the error) instead of a GEMM and an
-            exact GELU pass (CUDA, half precision). Process-wide.
+            exact GELU pass (CUDA, half precision). ``None``: on for CUDA. Per engine.
+        extend_large_tile_min_tokens: Triton extend attention takes 128-query programs (8 warps) for steps
+            whose longest item brings at least this many new tokens, 64 below it; 0 keeps 64 everywhere.
+            Half precision only (a float32 128-query tile exceeds shared memory). See
+            :func:`engine.attention.triton_ops.extend.extend_tile`.
+        decode_single_split_programs_per_sm: Triton decode attention runs one KV split per sequence once the
+            batch alone gives this many (sequence, KV head) programs per SM; 0: off. See
+            :func:`engine.attention.triton_ops.decode.decode_splits_for_fill`.
+        admission_limits: most running sequences per admission class (``Sequence.admission_class``, e.g.
+            ``{"long": 16}``); a class without an entry is limited only by ``max_running_requests`` and KV.
+            A sequence over its class's limit waits without blocking other classes behind it.
         async_decode: launch each step before the host has read the previous step's tokens
             (:mod:`engine.overlap`; greedy; steps with a logits processor still run synchronously).
-            ``None``: on for CUDA (hides the host's per-step work: W-short c16 884 vs 658 audio-s/s on an
-            H200), off on the CPU, where the host and the "device" are the same cores.
+            ``None``: on for CUDA (it hides the host's per-step work: benchmarks/results/engine_h200_sync.json
+            against engine_h200_fused_async.json), off on the CPU, where the host and the "device" are the
+            same cores.
         stream_interval_s: coalescing window for streamed text deltas (seconds).
         threads: torch intra-op threads on CPU (``None``: half the cores, see ``engine.engine.default_cpu_threads``).
         encoder_window_budget: audio windows (30 s each) encoded per engine step, across requests
@@ -58,19 +84,22 @@ class EngineConfig:
     load_format: str = "auto"
     dummy_config: dict = field(default_factory=dict)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str | None = None
     kv_budget_bytes: int | None = None
     kv_memory_fraction: float = 0.85
     max_running_requests: int = 64
     chunk_size: int = 4096
     max_context: int | None = None
-    attention_backend: str = "torch"
+    attention_backend: str | None = None
     cuda_graph_max_bs: int = 64
     prefill_graph_tokens: tuple[int, ...] = (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
     prefill_graph_max_items: int = 32
     async_decode: bool | None = None
-    small_batch_gemv: bool = True
-    fused_gelu_gemm: bool = True
+    small_batch_gemv: bool | None = None
+    fused_gelu_gemm: bool | None = None
+    extend_large_tile_min_tokens: int = 2048
+    decode_single_split_programs_per_sm: int = 2
+    admission_limits: dict[str, int] = field(default_factory=dict)
     stream_interval_s: float = 0.05
     threads: int | None = None
     seed: int = 0

@@ -118,6 +118,7 @@ class EncoderManager:
         self.by_key: dict[bytes, _Job] = {}
         self.job_of: dict[Sequence, _Job] = {}
         self.windows_in_flight = 0
+        self.fallbacks: list[str] = []  # set-up that failed (engine stats)
         self.counters = {"encoder_windows": 0, "encoder_microbatches": 0, "encoder_graph_replays": 0,
                          "encoder_dedup_hits": 0}
 
@@ -138,7 +139,13 @@ class EncoderManager:
         if buckets:
             graphs = EncoderGraphs(model.window_mel, mgr.encoder_fn, dev, buckets,
                                    cfg.encoder_graph_min_free_bytes)
-            graphs.capture(mgr.stream)
+            try:
+                graphs.capture(mgr.stream)
+            except Exception as e:  # noqa: BLE001 - the encoder then runs eagerly; loudly (log + stats)
+                mgr.fallbacks.append(f"encoder CUDA graphs: {type(e).__name__}: {e}")
+                log.error("encoder CUDA graphs could not be captured, encoding eagerly: %s: %s",
+                          type(e).__name__, e)
+                return mgr
             mgr.graphs = graphs
             mgr.max_microbatch = max(graphs.graphs, default=cfg.encoder_window_budget)
         return mgr

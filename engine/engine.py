@@ -18,8 +18,9 @@ from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
 from engine.loaders import LoadedModel, load_model
-from engine.ops import linear as engine_linear
+from engine.ops.linear import LinearKernels, set_linear_kernels
 from engine.request import FinishReason, Sequence
+from engine.resolve import describe, resolve_config
 from engine.runner import ModelRunner
 from engine.scheduler import ScheduledBatch, Scheduler
 
@@ -45,33 +46,39 @@ class Engine:
     ``abort`` are thread-safe. Events reach each :class:`Sequence` through its ``on_event`` callback, called
     from the loop thread.
 
+    The configuration is resolved for the device and checkpoint first (:func:`engine.resolve.resolve_config`);
+    ``self.config`` is the resolved one.
+
     Raises (constructor):
-        CheckpointError / ValueError: the model cannot be loaded; ValueError: the KV budget is too small.
+        DeviceUnavailable: the device is not there. CheckpointError / ValueError: the model cannot be
+        loaded; ValueError: the KV budget is too small, or a choice does not fit the device.
     """
 
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None) -> None:
-        self.config = cfg = config or EngineConfig()
+        self.config = cfg = resolve_config(config or EngineConfig())
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
+        self.fallbacks: list[str] = []  # fast paths that failed to set up and what runs instead (stats)
         self.loaded = loaded or load_model(cfg)
-        engine_linear.GEMV_MAX_ROWS = 1 if cfg.small_batch_gemv else 0
-        engine_linear.FUSED_GELU_GEMM = cfg.fused_gelu_gemm
         self.model = self.loaded.model
+        set_linear_kernels(self.model, LinearKernels(gemv_max_rows=1 if cfg.small_batch_gemv else 0,
+                                                     fused_gelu_gemm=bool(cfg.fused_gelu_gemm)))
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
         self._build_cache()
-        self.attn = make_backend(cfg.attention_backend, kv=self.kv, table=self.table, cross=self.cross)
-        self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs)
+        tuning = ({"large_tile_min_extend": cfg.extend_large_tile_min_tokens,
+                   "single_split_per_sm": cfg.decode_single_split_programs_per_sm}
+                  if cfg.attention_backend == "triton" else {})
+        self.attn = make_backend(cfg.attention_backend, kv=self.kv, table=self.table, cross=self.cross, **tuning)
+        self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
+                                   class_limits=cfg.admission_limits)
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
-        if self.device.type == "cuda" and cfg.attention_backend == "triton" and cfg.cuda_graph_max_bs > 0:
-            self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
-            buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
-            lm_head = getattr(self.model, "lm_head", None)
-            if buckets and self.cross is None and lm_head is not None:  # cross-attention models: eager
-                self.runner.capture_prefill_graphs(lm_head.weight.shape[1], self.dtype, buckets,
-                                                   min(cfg.prefill_graph_max_items, self.max_reqs))
+        if cfg.cuda_graph_max_bs > 0 and self.device.type == "cuda":  # resolve_config: CUDA + triton only
+            self._capture_graphs()
+        log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
+                 ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
         # Steps run on a stream of the highest priority: when decode and encoder kernels are both queued, the
         # block scheduler dispatches the decode's first, so the encoder fills the SMs a latency-bound decode
         # step leaves idle instead of delaying it (the encoder stream keeps the default, lowest priority).
@@ -79,8 +86,7 @@ class Engine:
         if self.device.type == "cuda" and cfg.priority_stream:
             self._stream = torch.cuda.Stream(self.device, priority=-100)  # clamped to the highest
         self._overlap = None
-        use_async = cfg.async_decode if cfg.async_decode is not None else self.device.type == "cuda"
-        if use_async:
+        if cfg.async_decode:
             from engine.overlap import OverlapLoop
 
             self._overlap = OverlapLoop(self)
@@ -96,6 +102,31 @@ class Engine:
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def _capture_graphs(self) -> None:
+        """Capture decode, then prefill CUDA graphs. A capture that fails leaves those steps eager, loudly:
+        an error log line with the cause, and ``stats()["fallbacks"]``."""
+        cfg = self.config
+        try:
+            self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
+        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, never refuse to start
+            self._fall_back("decode CUDA graphs", e)
+            self.runner.graphs = None
+            return
+        buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
+        lm_head = getattr(self.model, "lm_head", None)
+        if buckets and self.cross is None and lm_head is not None:  # cross-attention models: eager
+            try:
+                self.runner.capture_prefill_graphs(lm_head.weight.shape[1], self.dtype, buckets,
+                                                   min(cfg.prefill_graph_max_items, self.max_reqs))
+            except Exception as e:  # noqa: BLE001
+                self._fall_back("prefill CUDA graphs", e)
+                self.runner.prefill_graphs = None
+
+    def _fall_back(self, what: str, error: BaseException) -> None:
+        """Record that ``what`` could not be set up and runs eagerly instead (log line + stats)."""
+        self.fallbacks.append(f"{what}: {type(error).__name__}: {error}")
+        log.error("%s could not be set up, running eagerly instead: %s: %s", what, type(error).__name__, error)
 
     # -- memory plan ---------------------------------------------------------------------------------
     def _budget(self) -> int:
@@ -327,6 +358,8 @@ class Engine:
             "steps_per_s": len(recent) / span if span > 0 else 0.0,
             "cuda_graph_replays": getattr(self.runner.graphs, "replays", 0) if self.runner.graphs else 0,
             "prefill_graph_replays": getattr(self.runner.prefill_graphs, "replays", 0),
+            "config": describe(self.config),
+            "fallbacks": list(self.fallbacks + self.encoder.fallbacks),
             **self.encoder.stats(),
             **self.counters,
         }

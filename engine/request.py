@@ -82,8 +82,9 @@ class Sequence:
         logits_processor: optional per-step hook on this sequence's float32 ``[vocab]`` logits (host).
         stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
         on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
-        admission_class: one of :data:`ADMISSION_CLASSES`; the scheduler admits each class against its own
-            limit, so one class (a burst of long recordings) cannot take the rows another needs.
+        admission_class: the scheduler's admission class (the service's duration class: ``"short"``,
+            ``"long"``); classes have their own running limits (``EngineConfig.admission_limits``) and a
+            sequence that must wait never holds back another class's.
         row: ``req_to_token`` row while running; ``num_computed``: tokens whose KV is cached;
         ``num_allocated``: KV slots held (== positions mapped in the row: the whole reservation, allocated
         at admission); ``kv_slots``: the same slots, host int64 ``[num_allocated]`` (numpy), so packing a
@@ -99,8 +100,8 @@ class Sequence:
     logits_processor: LogitsProcessor | None = None
     stop_checker: StopChecker | None = None
     on_event: Callable[[Sequence, str, Any], None] | None = None
-    tag: Any = None
     admission_class: str = "default"
+    tag: Any = None
     id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING

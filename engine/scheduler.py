@@ -2,7 +2,13 @@
 
 Each step packs every running decode (one token each) with at most ``chunk_size`` prefill tokens, taken
 first from the sequence whose prompt is part-way through prefill, then from the waiting queue in arrival
-order (head-of-line: a large request is never overtaken forever). A sequence is admitted only when a
+order. Admission is head-of-line within each admission class (``Sequence.admission_class``: a large request
+is never overtaken forever by its own class), but a class whose head must wait (its running limit in
+``class_limits`` reached, or too little free KV for it) does not hold back the other classes: a burst of
+90-minute recordings (class ``long``, limited to a few running) cannot take the rows and KV the short clips
+need, and short clips keep being admitted while a long one waits for KV. The long one is not starved
+either: the short class's KV is bounded by its own running count, so freed KV accumulates for it. A
+sequence is admitted only when a
 ``req_to_token`` row is free and the free KV slots cover its whole reservation (prompt + output budget).
 The reservation is allocated and written into the sequence's row at admission, in one piece: a running
 sequence never runs out of KV, nothing is preempted, a request that does not fit simply waits, and a
@@ -38,14 +44,17 @@ class Scheduler:
     """Owns the waiting queue, the running set, the slot allocator and the ``req_to_token`` table."""
 
     def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable, max_context: int,
-                 chunk_size: int = 4096, max_running: int | None = None) -> None:
+                 chunk_size: int = 4096, max_running: int | None = None,
+                 class_limits: dict[str, int] | None = None) -> None:
         self.allocator = allocator
         self.table = table
         self.max_context = max_context
         self.chunk_size = chunk_size
         self.max_running = max_running or table.max_reqs
+        self.class_limits = dict(class_limits or {})
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.running_by_class: dict[str, int] = {}
 
     # -- admission ---------------------------------------------------------------------------------
     def kv_needed(self, seq: Sequence) -> int:
@@ -79,10 +88,26 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.append(seq)
 
-    def _can_admit(self, seq: Sequence) -> bool:
-        if self.table.num_free == 0 or len(self.running) >= self.max_running:
+    def _rows_left(self) -> bool:
+        return self.table.num_free > 0 and len(self.running) < self.max_running
+
+    def _class_fits(self, seq: Sequence) -> bool:
+        limit = self.class_limits.get(seq.admission_class)
+        if limit is not None and self.running_by_class.get(seq.admission_class, 0) >= limit:
             return False
         return self.allocator.num_free >= self.kv_needed(seq)
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.row = self.table.alloc()
+        seq.reserved = self.kv_needed(seq)
+        slots = self.allocator.alloc(seq.reserved)
+        self.table.write(seq.row, 0, slots)
+        seq.kv_slots = slots.numpy()
+        seq.num_allocated = seq.reserved
+        seq.status = Status.RUNNING
+        seq.timings.admitted = time.perf_counter()
+        self.running.append(seq)
+        self.running_by_class[seq.admission_class] = self.running_by_class.get(seq.admission_class, 0) + 1
 
     # -- one step ----------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -97,22 +122,33 @@ class Scheduler:
                 n = min(budget, seq.prompt_len - seq.num_computed)
                 batch.items.append((seq, n))
                 budget -= n
-        while budget > 0 and self.waiting and self._can_admit(self.waiting[0]):
+        if budget > 0 and self.waiting and self._rows_left():
+            budget = self._admit_waiting(batch, budget)
+        return batch if batch.items else None
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> int:
+        """Admit waiting sequences in arrival order while rows and ``budget`` (tokens) last, skipping
+        every later member of a class whose head had to wait. Returns the budget left."""
+        blocked: set[str] = set()
+        kept: deque[Sequence] = deque()
+        while self.waiting:
             seq = self.waiting.popleft()
-            seq.row = self.table.alloc()
-            seq.reserved = self.kv_needed(seq)
-            slots = self.allocator.alloc(seq.reserved)
-            self.table.write(seq.row, 0, slots)
-            seq.kv_slots = slots.numpy()
-            seq.num_allocated = seq.reserved
-            seq.status = Status.RUNNING
-            seq.timings.admitted = time.perf_counter()
-            self.running.append(seq)
+            if budget <= 0 or not self._rows_left():
+                kept.append(seq)
+                kept.extend(self.waiting)
+                self.waiting.clear()
+                break
+            if seq.admission_class in blocked or not self._class_fits(seq):
+                blocked.add(seq.admission_class)
+                kept.append(seq)
+                continue
+            self._admit(seq)
             batch.admitted.append(seq)
             n = min(budget, seq.prompt_len)
             batch.items.append((seq, n))
             budget -= n
-        return batch if batch.items else None
+        self.waiting = kept
+        return budget
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End a sequence and return its KV slots and row at once."""
@@ -123,6 +159,7 @@ class Scheduler:
         seq.timings.finished = time.perf_counter()
         if seq in self.running:
             self.running.remove(seq)
+            self.running_by_class[seq.admission_class] -= 1
         # membership first: a failed deque.remove formats repr(seq) into its error, ~4 ms for a sequence
         # with many slot tensors (measured on the H200), once per finished request
         if seq in self.waiting:

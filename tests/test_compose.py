@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,11 +38,26 @@ def test_services_and_commands(compose):
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
+def test_api_has_a_fixed_session_secret_and_workers_expose_metrics(compose):
+    """Admin logins survive restarts and replicas only when every API process signs with one key; each
+    worker's counters are scraped from its own port (two workers share the engine's network namespace)."""
+    services = compose["services"]
+    secret = services["api"]["environment"]["DIARIST_ADMIN_SESSION_SECRET"]
+    assert secret.startswith("${DIARIST_ADMIN_SESSION_SECRET:?")  # required: no default, no random per process
+    ports = []
+    for c in ("short", "long", "webhooks"):
+        cmd = services[f"worker-{c}"]["command"]
+        ports.append(cmd[cmd.index("--metrics-port") + 1])
+    assert len(set(ports)) == 3
+    assert services["api"]["environment"]["DIARIST_LOG_FORMAT"] == "json"
+
+
 def test_docker_compose_config_validates(compose):
     docker = shutil.which("docker")
     if not docker or subprocess.run([docker, "compose", "version"], capture_output=True, check=False).returncode != 0:
         pytest.skip("docker compose plugin not installed")
-    subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], check=True)
+    env = {**os.environ, "DIARIST_ADMIN_SESSION_SECRET": "x" * 64}
+    subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], check=True, env=env)
 
 
 def test_workers_are_sized_from_the_engine_rows(compose):

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
+from transcription.cancel import Canceled
 from engine.engine import Engine
 from transcription.whisper_decoding import (
     WhisperTimestampRules,
@@ -100,6 +101,8 @@ class Transcriber:
 
     def __init__(self, engine: Engine, fixed_output_tokens: int | None = None) -> None:
         self.engine = engine
+        # the speaker cascade's networks (segmentation-3.0, CAM++) run where the engine does
+        self.cascade_device = str(engine.device) if engine.device.type == "cuda" else "cpu"
         self.family = engine.loaded.info.get("family", "whisper")
         if fixed_output_tokens is not None and (engine.config.load_format != "dummy" or self.family == "whisper"
                                                 or fixed_output_tokens < 1):
@@ -123,9 +126,10 @@ class Transcriber:
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
-        ``should_cancel`` is polled before the windows are submitted and while the engine works; once it
-        returns True no further window is submitted, the recording's sequences are aborted at once (their
-        KV is freed), diarization is skipped and the result has finish_reason ``abort``.
+        ``should_cancel`` is polled before the windows are submitted, while the engine works and inside
+        diarization; once it returns True no further window is submitted, the recording's sequences are
+        aborted at once (their KV is freed), diarization is skipped or stopped where it is, and the result
+        has finish_reason ``abort`` (no turns).
 
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
@@ -172,7 +176,7 @@ class Transcriber:
             from transcription.audio.vad import detect_speech
         except ImportError:  # VAD module not installed: treat everything as speech
             return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
-        return detect_speech(wave)
+        return detect_speech(wave, device=self.cascade_device)
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
@@ -202,8 +206,11 @@ class Transcriber:
         t_d = time.perf_counter()
         turns = None
         if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
-            segments, turns = self._diarize(wave, speech, segments, opts)
-        else:
+            try:
+                segments, turns = self._diarize(wave, speech, segments, opts, should_cancel)
+            except Canceled:  # canceled after recognition: the cascade stopped where it was
+                finish = FinishReason.ABORT.value
+        if turns is None:
             for seg in segments:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
@@ -297,14 +304,20 @@ class Transcriber:
         return out
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
-                 opts: TranscribeOptions) -> tuple[list[dict], list[dict]]:
+                 opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None
+                 ) -> tuple[list[dict], list[dict]]:
         """Segments with speakers, and the diarization's own turns ``[{start, end, speaker}]`` (seconds;
         speakers are the segments' ids; turns of two speakers may overlap). The turns say who spoke when
-        more precisely than segment edges, which follow Whisper's timestamps (docs/diarization.md)."""
+        more precisely than segment edges, which follow Whisper's timestamps (docs/diarization.md).
+
+        Raises:
+            Canceled: ``should_cancel()`` returned True while the cascade ran.
+        """
         from transcription.diarization import assign_speakers, diarize
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
-                        max_speakers=opts.max_speakers)
+                        max_speakers=opts.max_speakers, device=self.cascade_device,
+                        should_cancel=should_cancel)
         return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
                                                   for t in turns]
 

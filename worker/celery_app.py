@@ -90,3 +90,28 @@ class CeleryDispatcher:
     def ping(self) -> None:
         with self.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each of our queues (a passive declare; a queue Redis has no key for is 0)."""
+        from kombu.exceptions import ChannelError
+
+        out = {}
+        with self.celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            channel = conn.default_channel
+            for q in routing.QUEUES:
+                try:
+                    out[q] = int(channel.queue_declare(queue=q, passive=True).message_count)
+                except ChannelError:  # never declared, or emptied (Redis deletes an empty list)
+                    out[q] = 0
+        return out
+
+    def workers_alive(self, timeout_s: float = 1.0) -> dict[str, int]:
+        """Workers that answer Celery's broadcast ping within ``timeout_s``, counted by the class in their
+        node name (``diarist worker`` names itself ``<class>@<host>``)."""
+        out: dict[str, int] = {}
+        for reply in self.celery.control.ping(timeout=timeout_s) or []:
+            for node in reply:
+                klass = node.split("@", 1)[0]
+                out[klass] = out.get(klass, 0) + 1
+        return out

@@ -2,10 +2,12 @@
 
 Both clients take a local audio path and job options, call ``on_event(kind, payload)`` with the engine's
 streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text}, ``finished``) and return the
-engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). ``admission_class`` (``short``,
-``long`` or ``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so
-the engine admits the job against its class's own limit. Failures become :class:`JobFailure` with a machine
-code; ``retryable`` says whether another attempt could succeed.
+engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
+with a machine code; ``retryable`` says whether another attempt could succeed. A ``cancel`` token
+(:class:`worker.cancel.CancelToken`) stops the engine work as soon as it is set: the call then raises
+:class:`JobFailure` ``canceled`` (not retryable). ``admission_class`` (``short``, ``long`` or
+``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so the
+engine admits the job against its class's own limit.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.logs import current_job_id
+from worker.cancel import CancelToken
 
 EventFn = Callable[[str, dict], None]
 
@@ -34,8 +40,8 @@ class EngineClient(Protocol):
     engine_id: str
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   admission_class: str = "default") -> dict:
-        """Raises JobFailure."""
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
+        """Raises JobFailure (``canceled`` once ``cancel`` is set)."""
 
     def ready(self) -> bool: ...
 
@@ -48,7 +54,7 @@ class InProcessEngineClient:
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   admission_class: str = "default") -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         from transcription.audio import AudioError
         from engine.request import RequestRejected
         from transcription.transcriber import EngineError, TranscribeOptions
@@ -56,14 +62,17 @@ class InProcessEngineClient:
         opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None},
                                  admission_class=admission_class)
         try:
-            # The worker's progress callback learns of a cancel from the job row; aborting frees the KV now
-            # instead of finishing work nobody will read.
-            return self.transcriber.transcribe(str(audio), opts, on_event=on_event,
-                                               should_cancel=lambda: bool(getattr(on_event, "canceled", False)))
+            # The transcriber polls the token between stages and the engine while it decodes: aborting
+            # frees the KV now instead of finishing work nobody will read.
+            result = self.transcriber.transcribe(str(audio), opts, on_event=on_event,
+                                                 should_cancel=cancel.is_set if cancel is not None else None)
         except (AudioError, RequestRejected) as e:
             raise JobFailure(e.code, e.message) from e
         except EngineError as e:
             raise JobFailure("engine_error", str(e), retryable=True) from e
+        if cancel is not None and cancel.is_set():
+            raise JobFailure("canceled", "the job was canceled; engine work aborted")
+        return result
 
     def ready(self) -> bool:
         return True
@@ -74,9 +83,10 @@ class HttpEngineClient:
 
     The last line is ``{"type": "result", "result": {...}}`` or ``{"type": "error", "code", "message"}``.
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
-    Once ``on_event.canceled`` is true (the worker's progress callback saw the job canceled) the stream is
-    closed at once, which makes the server abort the request's engine sequences, and :class:`JobFailure`
-    ``canceled`` (not retryable) is raised.
+    Once ``cancel`` is set the stream's socket is shut down from the cancelling thread, even while this
+    one is blocked reading a stream with nothing to say (prefill, windows that all end at once): the
+    server sees the disconnect and aborts the request's engine sequences (``api.engine_server``: closing
+    the stream is the cancel signal, so a dead worker and a canceled job take the same path).
     """
 
     def __init__(self, url: str, timeout_s: float = 7200.0) -> None:
@@ -85,20 +95,30 @@ class HttpEngineClient:
         self.engine_id = self.url
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   admission_class: str = "default") -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         import httpx
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
-        query = {"options": json.dumps(params), "admission_class": admission_class}
+        headers = {"content-type": "application/octet-stream",
+                   OPTIONS_HEADER: json.dumps(params, ensure_ascii=True), ADMISSION_CLASS_HEADER: admission_class}
+        if (job_id := current_job_id()) is not None:
+            headers[JOB_ID_HEADER] = job_id
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
+        canceled = JobFailure("canceled", "the job was canceled; engine request closed")
+        if cancel is not None and cancel.is_set():
+            raise canceled
+        unregister = lambda: None  # noqa: E731
         try:
             with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client, client.stream(
-                    "POST", f"{self.url}/internal/transcribe", params=query, content=f,
-                    headers={"content-type": "application/octet-stream"}) as r:
+                    "POST", f"{self.url}/internal/transcribe", content=f, headers=headers) as r:
+                if cancel is not None:
+                    unregister = cancel.add_callback(lambda: _shutdown(r))
                 if r.status_code >= 400:
                     r.read()
                     raise _http_failure(r)
                 for line in r.iter_lines():
+                    if cancel is not None and cancel.is_set():
+                        raise canceled  # leaving the block closes the connection: the server's cue to abort
                     if not line.strip():
                         continue
                     msg = json.loads(line)
@@ -109,11 +129,14 @@ class HttpEngineClient:
                         raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
                     if on_event is not None:
                         on_event(kind, msg)
-                        if getattr(on_event, "canceled", False):
-                            # Leaving the block closes the connection mid-stream: the server's cue to abort.
-                            raise JobFailure("canceled", "the job was canceled; engine request closed")
         except httpx.HTTPError as e:
+            if cancel is not None and cancel.is_set():  # the read failed because the socket was shut down
+                raise canceled from None
             raise JobFailure("engine_error", f"engine server unreachable or dropped: {e}", retryable=True) from e
+        finally:
+            unregister()
+        if cancel is not None and cancel.is_set():
+            raise canceled
         raise JobFailure("engine_error", "engine stream ended without a result", retryable=True)
 
     def ready(self) -> bool:
@@ -123,6 +146,18 @@ class HttpEngineClient:
             return httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+def _shutdown(response: Any) -> None:
+    """Shut the response's socket down both ways: a thread blocked reading it wakes at once with EOF
+    (``close`` from another thread would not wake it), and the peer sees the connection end."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
 
 
 def _http_failure(r) -> JobFailure:

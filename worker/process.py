@@ -15,6 +15,7 @@ from diarist import jobs
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
 from worker import routing
+from worker.cancel import CancelToken, CancelWatch
 from worker.engine_client import JobFailure
 from worker.runtime import Runtime
 
@@ -33,12 +34,12 @@ class Outcome:
 
 
 class _Progress:
-    """Engine events → bus events; progress written to the row at most once a second."""
+    """Engine events → bus events; progress written to the row at most once a second (a write that finds
+    the job no longer processing cancels ``token``, as the :class:`CancelWatch` would)."""
 
-    def __init__(self, rt: Runtime, job_id: str, duration: float | None) -> None:
-        self.rt, self.job_id, self.duration = rt, job_id, duration or 0.0
+    def __init__(self, rt: Runtime, job_id: str, duration: float | None, token: CancelToken) -> None:
+        self.rt, self.job_id, self.duration, self.token = rt, job_id, duration or 0.0, token
         self.last_write = 0.0
-        self.canceled = False
 
     def __call__(self, kind: str, payload: dict) -> None:
         bus = self.rt.services.bus
@@ -53,7 +54,7 @@ class _Progress:
                 if now - self.last_write >= PROGRESS_WRITE_INTERVAL_S:
                     self.last_write = now
                     if not jobs.set_progress(self.rt.services, self.job_id, progress):
-                        self.canceled = True
+                        self.token.cancel()
 
 
 def process_job(rt: Runtime, job_id: str) -> Outcome:
@@ -66,15 +67,17 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
         jobs.fail(svc, job_id, "engine_error", f"gave up after {job.attempts - 1} attempts")
         return Outcome("failed", "engine_error")
     svc.bus.publish(job_id, {"type": "status", "status": "processing", "progress": job.progress})
-    progress = _Progress(rt, job_id, job.duration_s)
+    token = CancelToken()
+    progress = _Progress(rt, job_id, job.duration_s, token)
     try:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
         t_fetch = time.perf_counter()
-        with svc.store.local_path(job.audio_key) as path:
+        with (svc.store.local_path(job.audio_key) as path,
+              CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s)):
             t_engine = time.perf_counter()
             result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
-                                          admission_class=routing.admission_class(job.queue))
+                                          cancel=token, admission_class=routing.admission_class(job.queue))
             t_done = time.perf_counter()
         transcript = Transcript.from_engine(result)
     except ObjectNotFound:
@@ -83,7 +86,7 @@ def process_job(rt: Runtime, job_id: str) -> Outcome:
             return Outcome("failed", "audio_missing")
         return Outcome("skipped")
     except JobFailure as e:
-        if progress.canceled:  # the row is already final (canceled); the engine call was given up on purpose
+        if token.is_set():  # the row left processing (canceled): the engine call was given up on purpose
             return Outcome("skipped")
         if e.retryable and job.attempts < svc.settings.engine_attempts:
             log.warning("job %s attempt %d failed (%s), retrying", job_id, job.attempts, e)

@@ -6,6 +6,7 @@ bound holds even across worker crashes and redeliveries.
 
 from __future__ import annotations
 
+from diarist.logs import job_context
 from worker.celery_app import app
 from worker.process import process_job
 from worker.runtime import runtime
@@ -22,7 +23,8 @@ def _countdown(rt, delay_s: float) -> float:
 def transcribe(self, job_id: str) -> str:
     """Transcribe one job row (idempotent). Returns the outcome state."""
     rt = runtime()
-    outcome = process_job(rt, job_id)
+    with job_context(job_id):  # every log line of the attempt carries the job id
+        outcome = process_job(rt, job_id)
     if outcome.state == "retry":
         raise self.retry(countdown=_countdown(rt, outcome.delay_s))
     return outcome.state
@@ -32,7 +34,8 @@ def transcribe(self, job_id: str) -> str:
 def deliver_webhook(self, job_id: str, event: str, message_id: str) -> str:
     """One delivery attempt of a job's webhook; retries with backoff (bounded by settings)."""
     rt = runtime()
-    result = deliver(rt, job_id, event, message_id, attempt=self.request.retries + 1)
+    with job_context(job_id):
+        result = deliver(rt, job_id, event, message_id, attempt=self.request.retries + 1)
     if result.state == "retry":
         raise self.retry(countdown=_countdown(rt, result.delay_s))
     return result.state

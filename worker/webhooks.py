@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from diarist.models import ApiKey, Job, WebhookDelivery
 from diarist.netguard import UnsafeURL, check_url
+from diarist.redact import display_url, redact_text
 from worker.runtime import Runtime
 
 RETRY_4XX = (408, 429)
@@ -89,8 +90,9 @@ def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int)
     except UnsafeURL as e:
         error = f"{e.code}: {e.message}"
     except httpx.HTTPError as e:
-        error = f"{type(e).__name__}: {e}"
+        error = f"{type(e).__name__}: {redact_text(str(e))}"
     elapsed = time.perf_counter() - t0
+    svc.metrics.record_webhook(code)
 
     refused = bool(error) and error.startswith(("url_not_allowed", "invalid_url"))
     permanent = code is not None and 400 <= code < 500 and code not in RETRY_4XX
@@ -104,7 +106,8 @@ def deliver(rt: Runtime, job_id: str, event: str, message_id: str, attempt: int)
     with svc.db.session() as s:
         job = s.get(Job, job_id)
         if job is not None:  # deleted meanwhile: nothing to record on
-            s.add(WebhookDelivery(job_id=job_id, message_id=message_id, attempt=attempt, url=url, event=event,
+            s.add(WebhookDelivery(job_id=job_id, message_id=message_id, attempt=attempt, url=display_url(url),
+                                  event=event,
                                   status_code=code, error=error, duration_s=elapsed))
             job.webhook_status_code = code
             job.webhook_status = {"delivered": "delivered", "failed": "failed", "retry": "retrying"}[result.state]

@@ -23,8 +23,9 @@ class AdminSettings(BaseSettings):
     cookie_secure: bool = Field(True, description="Send the session cookie over HTTPS only (browsers also "
                                                   "accept it on http://localhost).")
     engine_urls: list[str] | None = Field(None, description="Engine servers to show; default [DIARIST_ENGINE_URL].")
-    engine_timeout_s: float = 1.0
-    page_size: int = 50
+    engine_timeout_s: float = Field(1.0, description="How long the dashboard and /metrics wait for one engine's "
+                                    "/stats before showing it down.")
+    page_size: int = Field(50, description="Jobs per page of the jobs table.")
     refresh_s: float = Field(5.0, description="How often the overview polls for fresh numbers.")
 
 

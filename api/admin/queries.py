@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.metrics import class_of
+from diarist.metrics import class_of
 from diarist.db import Database
 from diarist.models import ApiKey, Job, JobMetrics, JobStatus, WebhookDelivery
 

@@ -10,6 +10,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from diarist.redact import display_url, redact_text
+
 from api.admin.queries import as_utc
 
 API_DIR = Path(__file__).resolve().parents[1]
@@ -49,7 +51,8 @@ def clock(ts: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
-templates.env.filters.update(dt=fmt_dt, secs=fmt_s, num=fmt_num, clock=clock)
+templates.env.filters.update(dt=fmt_dt, secs=fmt_s, num=fmt_num, clock=clock, url=display_url,
+                            redact=redact_text)
 
 
 def page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:

@@ -32,6 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="listen port (default: a free one)")
     p.add_argument("--data-dir", default=None, help="data folder (default DIARIST_DATA_DIR or .diarist)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the job")
+    p.add_argument("--device", default=None, help="engine device: cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.set_defaults(func=run)
     return p
 
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         print(f"diarist: error: not_found: no such file: {path}", file=sys.stderr)
         return 2
-    overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+    overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
     t0 = time.monotonic()
     print("starting the embedded stack (SQLite, local object store, in-memory Celery, in-process engine)...",
           flush=True)

@@ -29,19 +29,25 @@ def run(args: argparse.Namespace) -> int:
 
     from api.engine_server import create_engine_app
     from diarist.settings import Settings
-    from engine import Engine, EngineConfig
+    from engine import Engine
+
+    from diarist.logs import configure_logging
 
     st = Settings()
+    configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.engine_host, args.port or st.engine_port
     device = args.device or st.device
-    engine = Engine(EngineConfig(model=args.model or st.model, model_path=args.model_path or st.model_path,
-                                 device=device, kv_budget_bytes=st.engine_kv_budget_bytes,
-                                 max_running_requests=st.engine_max_running_requests))
+    engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device))
     engine.start()
     app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}")
-    print(f"Diarist engine ({device}) listening on http://{host}:{port}", flush=True)
+    c = engine.config
+    print(f"Diarist engine ({device}, {c.dtype}, {c.attention_backend} attention, CUDA graphs "
+          f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
+          f"{'on' if c.async_decode else 'off'}) listening on http://{host}:{port}", flush=True)
+    for line in engine.fallbacks:
+        print(f"warning: {line}", flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off")
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
     finally:
         engine.shutdown()
     return 0

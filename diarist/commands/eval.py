@@ -22,6 +22,7 @@ from typing import Any
 
 from diarist.commands import plain
 from diarist.evaluation import TranscribeFn, evaluate
+from engine.config import DeviceUnavailable  # torch-free
 
 DEFAULT_COLLARS = (0.0, 0.25)
 
@@ -41,7 +42,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", help="folder of items laid out like ../shared/data (see MANIFEST.md)")
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default: the bundled model)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.add_argument("--no-diarize", dest="diarize", action="store_false",
                    help="skip the speaker cascade (ASR-only scores; every segment gets one speaker)")
     p.add_argument("--out", default=None, help="write the JSON report to this file")
@@ -68,10 +69,11 @@ def engine_transcribe_fn(model: str, model_path: str | None, device: str, diariz
 
     Imports torch and the engine (only here: the rest of ``diarist eval`` does not need them).
     """
-    from engine import Engine, EngineConfig
+    from diarist.settings import Settings
+    from engine import Engine
     from transcription.transcriber import TranscribeOptions, Transcriber
 
-    transcriber = Transcriber(Engine(EngineConfig(model=model, model_path=model_path, device=device)))
+    transcriber = Transcriber(Engine(Settings().engine_config(model=model, model_path=model_path, device=device)))
 
     def transcribe(path: Path, multichannel: bool = False) -> dict:
         return transcriber.transcribe(str(path), TranscribeOptions(multichannel=multichannel, diarize=diarize))
@@ -163,6 +165,8 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
             try:
                 transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device,
                                                      getattr(args, "diarize", True))
+            except DeviceUnavailable:
+                raise  # the CLI's one line for every entry point, exit 2
             except Exception as e:  # no model files, unknown family, no CUDA...: say so, no traceback
                 print(f"diarist eval: cannot start the {args.model!r} pipeline: {type(e).__name__}: {e}",
                       file=sys.stderr)

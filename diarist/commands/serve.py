@@ -21,6 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")
     p.add_argument("--data-dir", default=None, help="embedded mode's data folder (default DIARIST_DATA_DIR or .diarist)")
+    p.add_argument("--device", default=None, help="embedded mode's engine device: cpu, cuda or cuda:N "
+                   "(default DIARIST_DEVICE, cpu)")
     p.set_defaults(func=run)
     return p
 
@@ -28,12 +30,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from diarist.settings import Settings
 
+    from diarist.logs import configure_logging
+
     st = Settings()
+    configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.host, args.port or st.port
     if args.embedded or st.embedded:
         from diarist.commands.stack import EmbeddedStack, embedded_settings
 
-        overrides = {"data_dir": args.data_dir} if args.data_dir else {}
+        overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
         stack = EmbeddedStack(embedded_settings(st, **overrides)).start()
         print(f"Diarist (embedded) listening on http://{host}:{port}  (API docs: http://{host}:{port}/docs)",
               flush=True)
@@ -51,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
 
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
-    uvicorn.run(create_app(services), host=host, port=port, log_level="info", lifespan="on")
+    uvicorn.run(create_app(services), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",
+                log_config=None)  # our handler (diarist.logs) formats uvicorn's lines too
     return 0

@@ -72,7 +72,7 @@ class EmbeddedStack:
         """Migrate the database, load the engine, start the worker threads, build the app (no HTTP yet)."""
         from api.app import create_app
         from diarist.services import Services
-        from engine import Engine, EngineConfig
+        from engine import Engine
         from transcription.transcriber import Transcriber
         from worker.embedded import EmbeddedWorker
         from worker.engine_client import InProcessEngineClient
@@ -80,11 +80,9 @@ class EmbeddedStack:
         st = self.settings
         Path(st.data_dir).mkdir(parents=True, exist_ok=True)
         self.settings = st = type(st).model_validate({**st.model_dump(), "webhook_secret": _webhook_secret(st)})
+        if self.engine is None:  # first: a missing device or model fails before anything is opened
+            self.engine = Engine(st.engine_config())
         self.services = Services.from_settings(st, migrate=True)
-        if self.engine is None:
-            self.engine = Engine(EngineConfig(model=st.model, model_path=st.model_path, device=st.device,
-                                              kv_budget_bytes=st.engine_kv_budget_bytes,
-                                              max_running_requests=st.engine_max_running_requests))
         if getattr(self.engine, "_thread", None) is None:
             self.engine.start()
             self._own_engine_loop = True
@@ -123,7 +121,8 @@ class EmbeddedStack:
 
         import uvicorn
 
-        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on"))
+        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on",
+                                               log_config=None))  # lines go through diarist.logs
 
         @contextlib.contextmanager
         def on_signals():

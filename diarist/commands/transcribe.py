@@ -26,8 +26,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dummy-config", default=None,
                    help="JSON shape overrides for --load-format dummy, or 'tiny' for the CI-sized model")
     p.add_argument("--max-new-tokens", type=int, default=None, help="output budget per sequence (tokens)")
-    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
+                   "checkpoint's half precision on CUDA)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.add_argument("--language", default=None)
     p.add_argument("--prompt", default=None)
     p.add_argument("--num-speakers", type=int, default=None)
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("invalid_request", str(e))
     from diarist.formats import render
     from diarist.transcript import Transcript
-    from engine import Engine, EngineConfig
+    from diarist.settings import Settings
+    from engine import DeviceUnavailable, Engine
     from transcription.audio import AudioError, probe_duration
     from engine.request import RequestRejected
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
@@ -81,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
             dummy = json.loads(args.dummy_config)
         except ValueError as e:
             return fail("bad_option", f"--dummy-config is not JSON: {e}")
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     try:
-        engine = Engine(EngineConfig(model=args.model, model_path=args.model_path, device=args.device,
-                                     load_format=args.load_format, dummy_config=dummy, dtype=dtype))
+        engine = Engine(Settings().engine_config(model=args.model, model_path=args.model_path, device=args.device,
+                                                 load_format=args.load_format, dummy_config=dummy or None,
+                                                 dtype=args.dtype))
+    except DeviceUnavailable:
+        raise  # the CLI's one line and exit 2
     except (ValueError, OSError) as e:
         return fail("bad_model", str(e))
     opts = TranscribeOptions(language=args.language, prompt=args.prompt, num_speakers=args.num_speakers,

@@ -18,7 +18,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--class", dest="klass", required=True, choices=("short", "long", "webhooks"))
     p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
     p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
-    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--loglevel", default=None, help="log level (default DIARIST_LOG_LEVEL)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve this worker's Prometheus metrics on this port (default DIARIST_WORKER_METRICS_PORT)")
     p.set_defaults(func=run)
     return p
 
@@ -33,7 +35,15 @@ def run(args: argparse.Namespace) -> int:
     from worker.engine_client import HttpEngineClient
     from worker.runtime import Runtime, set_runtime
 
+    from celery.signals import setup_logging
+
+    from diarist.logs import configure_logging
+
     st = Settings()
+    level = args.loglevel or st.log_level
+    configure_logging(st.log_format, level)
+    # A receiver on setup_logging makes Celery leave logging alone: its lines go through our handler.
+    setup_logging.connect(lambda **_kw: configure_logging(st.log_format, level), weak=False)
     configure(st)
     services = Services.from_settings(st)
     dispatcher = CeleryDispatcher(st)
@@ -45,7 +55,13 @@ def run(args: argparse.Namespace) -> int:
     concurrency = args.concurrency or st.worker_threads(args.klass)
     import worker.tasks  # noqa: F401 - registers the tasks
 
+    metrics_port = args.metrics_port if args.metrics_port is not None else st.worker_metrics_port
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=st.worker_metrics_host, registry=services.metrics.registry)
+
     app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=args.loglevel,
+               hostname=f"{args.klass}@{socket.gethostname()}", loglevel=level,
                without_mingle=True, without_gossip=True).start()
     return 0

@@ -13,6 +13,7 @@ from engine.attention.triton_ops import (
     extend_attention,
     extend_tile,
 )
+from engine.config import EngineConfig
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
 
 
@@ -49,15 +50,20 @@ class TritonBackend(AttentionBackend):
     Args:
         max_splits: power of two, most KV splits per decode row. min_split_tokens: a row is split into
             pieces of at least this many keys. num_sms: streaming multiprocessors (read from the device).
+        large_tile_min_extend: see :func:`extend_tile`. single_split_per_sm: see
+            :func:`decode_splits_for_fill`. Both per backend (so per engine), from ``EngineConfig``.
     """
 
     def __init__(self, kv: KVPool, table: ReqToTokenTable, cross: CrossKVPool | None = None,
                  sm_scale: float | None = None, max_splits: int = 64, min_split_tokens: int = 256,
-                 num_sms: int | None = None) -> None:
+                 num_sms: int | None = None, large_tile_min_extend: int = EngineConfig.extend_large_tile_min_tokens,
+                 single_split_per_sm: int = EngineConfig.decode_single_split_programs_per_sm) -> None:
         super().__init__(kv, table, cross, sm_scale)
         self.device = table.table.device
         self.max_splits = max_splits
         self.min_split_tokens = min_split_tokens
+        self.large_tile_min_extend = large_tile_min_extend
+        self.single_split_per_sm = single_split_per_sm
         if num_sms is None:
             num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                        if self.device.type == "cuda" else 132)
@@ -108,7 +114,8 @@ class TritonBackend(AttentionBackend):
         hkv = self.kv.num_kv_heads
         self.meta = _StepMeta(
             loc=batch.out_cache_loc, n_dec=n_dec, all_dec=all_dec, dec_tok=dec_tok, dec_rows=d_rows,
-            dec_lens=d_lens, fill=decode_splits_for_fill(n_dec, hkv, self.max_splits, self.num_sms),
+            dec_lens=d_lens, fill=decode_splits_for_fill(n_dec, hkv, self.max_splits, self.num_sms,
+                                                              single_split_per_sm=self.single_split_per_sm),
             n_ext=n_ext, ext_rows=e_rows, ext_kv_lens=e_kv, ext_lens=e_len, ext_qo=e_qo,
             max_ext=int(ext[ext_idx].max()) if n_ext else 0,
         )
@@ -139,7 +146,7 @@ class TritonBackend(AttentionBackend):
         if m.n_dec:
             self._decode(q, kb, vb, out, m.dec_lens, self.table.table, 0)
         if m.n_ext:
-            block_m, warps = extend_tile(m.max_ext)
+            block_m, warps = extend_tile(m.max_ext, self.large_tile_min_extend, q.element_size())
             extend_attention(q, kb, vb, out, m.ext_rows, m.ext_kv_lens, m.ext_lens, m.ext_qo, m.max_ext,
                              sm_scale=self.scale, table=self.table.table, causal=True, block_m=block_m,
                              num_warps=warps)
@@ -216,7 +223,8 @@ class TritonBackend(AttentionBackend):
         self.meta = _StepMeta(
             loc=s["loc"][:batch_size], n_dec=batch_size, all_dec=True, dec_tok=None,
             dec_rows=s["meta"][0, :batch_size], dec_lens=s["meta"][1, :batch_size],
-            fill=decode_splits_for_fill(batch_size, self.kv.num_kv_heads, self.max_splits, self.num_sms),
+            fill=decode_splits_for_fill(batch_size, self.kv.num_kv_heads, self.max_splits, self.num_sms,
+                                        single_split_per_sm=self.single_split_per_sm),
             n_ext=0, ext_rows=empty, ext_kv_lens=empty, ext_lens=empty, ext_qo=empty, max_ext=0, static=True,
         )
 

@@ -14,6 +14,8 @@ import functools
 import torch
 import torchaudio
 
+SAMPLE_RATE = 16_000
+"""Samples per second of every waveform the models take (mono float32); the pipeline resamples to it."""
 N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_SAMPLES = 480_000
@@ -23,7 +25,7 @@ N_FRAMES = 3000
 @functools.lru_cache(maxsize=8)
 def _filters(n_mels: int, device: str) -> torch.Tensor:
     fb = torchaudio.functional.melscale_fbanks(
-        n_freqs=N_FFT // 2 + 1, f_min=0.0, f_max=8000.0, n_mels=n_mels, sample_rate=16_000,
+        n_freqs=N_FFT // 2 + 1, f_min=0.0, f_max=SAMPLE_RATE / 2, n_mels=n_mels, sample_rate=SAMPLE_RATE,
         norm="slaney", mel_scale="slaney")
     return fb.T.contiguous().to(device)  # [n_mels, n_freqs]
 

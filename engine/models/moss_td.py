@@ -24,7 +24,7 @@ from engine.models.mel import CHUNK_SAMPLES, log_mel_spectrogram
 from engine.models.moss_td_prompt import window_token_counts
 from engine.models.qwen3 import Qwen3Config, Qwen3Model
 from engine.models.whisper import WhisperConfig, WhisperEncoder
-from engine.ops.linear import linear
+from engine.ops.linear import UsesLinearKernels, linear
 
 AUDIO_TOKEN_ID = 151671
 
@@ -88,7 +88,7 @@ class _MossTDModel(nn.Module):
         self.language_model = Qwen3Model(cfg.text)
 
 
-class MossTDForConditionalGeneration(nn.Module):
+class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
     """MOSS-TD for our engine; parameter names equal the released checkpoint's."""
 
     def __init__(self, cfg: MossTDConfig) -> None:
@@ -185,7 +185,7 @@ class MossTDForConditionalGeneration(nn.Module):
         """Logits float32 ``[B, vocab]`` at ``batch.logits_indices``; audio embeddings come in through
         ``batch.input_embeds`` / ``batch.embeds_mask``."""
         h = self.model.language_model(batch, attn)
-        return linear(h[batch.logits_indices], self.lm_head.weight).float()
+        return linear(h[batch.logits_indices], self.lm_head.weight, self.linear_kernels).float()
 
     def kv_layout(self) -> tuple[int, int, int]:
         """(layers, kv heads, head_dim) of the decoder's KV pool (0.91 B: 28, 8, 128 = 112 KiB/token bf16)."""

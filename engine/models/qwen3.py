@@ -18,7 +18,7 @@ from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.models.fused_weights import Fusable as _Fusable
 from engine.models.fused_weights import fuse_linears
 from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
-from engine.ops.linear import linear
+from engine.ops.linear import UsesLinearKernels, linear
 from engine.ops.rotary import RotaryTable, apply_rotary, rotary_cos_sin
 
 __all__ = ["Qwen3Config", "Qwen3ForCausalLM", "Qwen3Model", "apply_rotary", "rotary_cos_sin"]
@@ -70,7 +70,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class Qwen3Attention(_Fusable):
+class Qwen3Attention(_Fusable, UsesLinearKernels):
     _fused_name = "qkv_weight"
 
     def __init__(self, cfg: Qwen3Config, index: int, rope: RotaryTable) -> None:
@@ -92,17 +92,17 @@ class Qwen3Attention(_Fusable):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
         if self.qkv_weight is not None:
-            qkv = linear(x, self.qkv_weight)
+            qkv = linear(x, self.qkv_weight, self.linear_kernels)
         else:
             qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
         dest = attn.kv_destination(self.index)
         q, k, v = qk_norm_rope(qkv, positions, self.rope, self.q_norm.weight, self.k_norm.weight,
                                self.hq, self.hkv, self.eps, kv_dest=dest)
         out = attn.forward(self.index, q, k, v, kv_stored=dest is not None)
-        return linear(out.reshape(x.shape[0], self.hq * self.d), self.o_proj.weight)
+        return linear(out.reshape(x.shape[0], self.hq * self.d), self.o_proj.weight, self.linear_kernels)
 
 
-class Qwen3MLP(_Fusable):
+class Qwen3MLP(_Fusable, UsesLinearKernels):
     _fused_name = "gate_up_weight"
 
     def __init__(self, cfg: Qwen3Config) -> None:
@@ -117,10 +117,10 @@ class Qwen3MLP(_Fusable):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            gate_up = linear(x, self.gate_up_weight)
+            gate_up = linear(x, self.gate_up_weight, self.linear_kernels)
         else:
             gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        return linear(silu_and_mul(gate_up), self.down_proj.weight)
+        return linear(silu_and_mul(gate_up), self.down_proj.weight, self.linear_kernels)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -181,7 +181,7 @@ class Qwen3Model(nn.Module):
         return add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
 
-class Qwen3ForCausalLM(nn.Module):
+class Qwen3ForCausalLM(nn.Module, UsesLinearKernels):
     """A plain Qwen3 language model for our engine (``model.*``, ``lm_head``), used to test the decoder on
     its own against ``transformers.Qwen3ForCausalLM``. Engine hooks as in :mod:`engine.models.whisper`."""
 
@@ -197,7 +197,7 @@ class Qwen3ForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Logits float32 ``[B, vocab]`` at ``batch.logits_indices``."""
         h = self.model(batch, attn)
-        return linear(h[batch.logits_indices], self.lm_head.weight).float()
+        return linear(h[batch.logits_indices], self.lm_head.weight, self.linear_kernels).float()
 
     def kv_layout(self) -> tuple[int, int, int]:
         c = self.config

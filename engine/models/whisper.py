@@ -19,6 +19,7 @@ from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.kv import CrossKVPool
 from engine.models.fused_weights import Fusable, fuse_linears
 from engine.ops import add_layer_norm, layer_norm, linear_gelu
+from engine.ops.linear import UsesLinearKernels
 
 
 @dataclass
@@ -60,7 +61,7 @@ class _Attention(nn.Module):
         return x.view(*x.shape[:-1], self.heads, self.head_dim)
 
 
-class WhisperEncoderLayer(Fusable):
+class WhisperEncoderLayer(Fusable, UsesLinearKernels):
     """One pre-LN encoder layer, in the deferred-residual form of :class:`Qwen3DecoderLayer`.
 
     The layer computes HF's ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))`` with every residual add fused into
@@ -117,7 +118,7 @@ class WhisperEncoderLayer(Fusable):
         else:
             h, residual = add_layer_norm(x, residual, ln1.weight, ln1.bias, ln1.eps)
         h, residual = add_layer_norm(self.attention(h), residual, ln2.weight, ln2.bias, ln2.eps)
-        return self.fc2(linear_gelu(h, self.fc1.weight, self.fc1.bias)), residual
+        return self.fc2(linear_gelu(h, self.fc1.weight, self.fc1.bias, self.linear_kernels)), residual
 
 
 def conv_front_channels_last(mel: torch.Tensor, conv1: nn.Conv1d, conv2: nn.Conv1d) -> torch.Tensor:

@@ -1,38 +1,69 @@
 """Linear layers: our Triton GEMV for one-token decoder steps, cuBLASLt's GELU epilogue for Whisper's
 encoder MLP, cuBLAS otherwise.
 
-On an H200 (benchmarks/bench_decode_ops.py) the GEMV beats cuBLAS at M = 1 on every Qwen3-0.6B matrix
-(o_proj 3.6 vs 12.8 us, down 4.6 vs 7.6, qkv 4.2 vs 5.4, gate_up 5.3 vs 6.1, lm_head 72 vs 78) but loses
-on the larger ones from M = 2 and on all of them from M = 4, so only single rows take it.
+The GEMV beats cuBLAS at M = 1 on every Qwen3-0.6B matrix on an H200 but loses on the larger ones from
+M = 2 and on all of them from M = 4 (benchmarks/bench_decode_ops.py, results/decode_ops_h200.json), so only
+single rows take it.
+
+Which kernels a model uses is a per-engine choice (:class:`LinearKernels`, from ``EngineConfig``), held by
+the modules that call these functions (:class:`UsesLinearKernels`), never a process-wide switch: two
+engines in one process keep their own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine.ops._kernels import kernels
 
-# Most rows sent to the Triton GEMV; 0 sends everything to cuBLAS. Set by EngineConfig.small_batch_gemv
-# (process-wide: kernels are chosen per call, and every engine in a process shares the GPU).
-GEMV_MAX_ROWS = 1
+
+@dataclass(frozen=True)
+class LinearKernels:
+    """Kernel choices for :func:`linear` and :func:`linear_gelu`.
+
+    Attributes:
+        gemv_max_rows: most rows sent to the Triton GEMV (CUDA, half precision); 0 sends every product to
+            cuBLAS (``EngineConfig.small_batch_gemv`` gives 1).
+        fused_gelu_gemm: fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue (``EngineConfig.fused_gelu_gemm``).
+    """
+
+    gemv_max_rows: int = 0
+    fused_gelu_gemm: bool = False
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+REFERENCE = LinearKernels()
+"""cuBLAS / torch everywhere: what a module uses until an engine chooses (the CPU's choice too)."""
+
+
+class UsesLinearKernels:
+    """Mixin of modules that call :func:`linear` / :func:`linear_gelu`; they pass ``self.linear_kernels``."""
+
+    linear_kernels: LinearKernels = REFERENCE
+
+
+def set_linear_kernels(model: nn.Module, choice: LinearKernels) -> None:
+    """Give every :class:`UsesLinearKernels` module of ``model`` (itself included) the kernel choice."""
+    for m in model.modules():
+        if isinstance(m, UsesLinearKernels):
+            m.linear_kernels = choice
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, choice: LinearKernels = REFERENCE) -> torch.Tensor:
     """``x @ weight.T`` (no bias): ``x`` ``[M, K]``, ``weight`` ``[N, K]`` -> ``[M, N]``, x's dtype.
 
-    CUDA half-precision inputs with ``M <= GEMV_MAX_ROWS`` go to :func:`engine.ops.triton_kernels.gemv`.
+    CUDA half-precision inputs with ``M <= choice.gemv_max_rows`` go to :func:`engine.ops.triton_kernels.gemv`.
     """
-    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS and x.stride(-1) == 1
+    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= choice.gemv_max_rows and x.stride(-1) == 1
             and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
             and kernels().gemv_supported(x.shape[0], x.shape[1])):
         return kernels().gemv(x, weight)
     return F.linear(x, weight)
 
 
-# Whisper's fc1 + GELU in one cuBLASLt GEMM (GELU epilogue) on CUDA; False keeps the GEMM and a separate
-# erf GELU. Set by EngineConfig.fused_gelu_gemm (process-wide, like GEMV_MAX_ROWS).
-FUSED_GELU_GEMM = True
 _HAS_GELU_EPILOGUE = hasattr(torch, "_addmm_activation")  # private op (torch >= 1.13)
 
 
@@ -43,9 +74,10 @@ def linear_gelu_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     return F.gelu(F.linear(x, weight, bias))
 
 
-def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """As :func:`linear_gelu_reference`; CUDA half-precision inputs take one cuBLASLt GEMM whose epilogue
-    adds the bias and applies GELU to the float32 accumulator (``CUBLASLT_EPILOGUE_GELU_BIAS`` through
+def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                choice: LinearKernels = REFERENCE) -> torch.Tensor:
+    """As :func:`linear_gelu_reference`; with ``choice.fused_gelu_gemm``, CUDA half-precision inputs take one
+    cuBLASLt GEMM whose epilogue adds the bias and applies GELU to the float32 accumulator (``CUBLASLT_EPILOGUE_GELU_BIAS`` through
     ``torch._addmm_activation``), so the ``[..., N]`` pre-activation never goes to memory.
 
     That epilogue is GELU's tanh form (Hendrycks & Gimpel 2016, eq. 2), which differs from erf by at most
@@ -56,7 +88,7 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> to
 
     ``x`` ``[..., K]`` -> ``[..., N]``, x's dtype.
     """
-    if (FUSED_GELU_GEMM and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() >= 2
+    if (choice.fused_gelu_gemm and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.dim() >= 2
             and weight.dtype == x.dtype and bias is not None and bias.dtype == x.dtype and _HAS_GELU_EPILOGUE):
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])

@@ -25,6 +25,7 @@ def stack(whisper_engine, tmp_path_factory):
 
     data = tmp_path_factory.mktemp("diarist-data")
     st = embedded_settings(Settings(_env_file=None), data_dir=data, webhook_allow_hosts=["127.0.0.1"],
+                           audio_url_allow_hosts=["127.0.0.1"],
                            webhook_backoff_s=0.2, webhook_max_attempts=3, auth=False)
     s = EmbeddedStack(st, engine=whisper_engine, worker_concurrency=4).start()
     s.serve_in_thread()

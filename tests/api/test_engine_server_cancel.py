@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import data_file
+from worker.cancel import CancelToken
 from worker.engine_client import HttpEngineClient, JobFailure
 
 pytestmark = pytest.mark.slow
@@ -56,6 +57,13 @@ def long_recording(tmp_path_factory) -> tuple[Path, int]:
 def idle(engine) -> bool:
     s = engine.stats()
     return s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["kv_tokens_used"] == 0
+
+
+def decoding(engine, decode_tokens0: int) -> bool:
+    """Sequences hold KV and decode tokens were made since ``decode_tokens0`` (the windows are past their
+    encoder step)."""
+    s = engine.stats()
+    return s["running_requests"] > 0 and s["decode_tokens"] > decode_tokens0
 
 
 def wait_idle(engine, timeout_s: float) -> bool:
@@ -129,17 +137,47 @@ def test_worker_client_closes_the_stream_when_the_job_is_canceled(engine_server,
     engine, url = engine_server
     path, n_windows = long_recording
     free0, finished0 = start_counts(engine)
+    token = CancelToken()
 
-    class Progress:  # the worker's progress callback sets ``canceled`` when the job row says so
-        canceled = False
-
-        def __call__(self, kind: str, payload: dict) -> None:
-            if kind == "started":
-                self.canceled = True
+    def on_event(kind: str, payload: dict) -> None:  # the worker's progress callback cancels on a stale row
+        if kind == "started":
+            token.cancel()
 
     with pytest.raises(JobFailure) as e:
-        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=Progress())
+        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=on_event, cancel=token)
     assert e.value.code == "canceled" and not e.value.retryable
+    assert_request_dropped(engine, free0, finished0, n_windows)
+
+
+def test_a_cancel_from_another_thread_unblocks_a_silent_stream(engine_server, long_recording):
+    """No event reaches the client (``on_event`` is None and the read blocks): a token set by another thread
+    (the worker's cancel watch) shuts the socket down, the blocked read returns, and the engine drops the
+    request's sequences within a second or two. The cancel comes once the windows decode (an abort lands
+    between engine steps, and one CPU encoder step over a batch of windows alone can take seconds)."""
+    engine, url = engine_server
+    path, n_windows = long_recording
+    free0, finished0 = start_counts(engine)
+    token = CancelToken()
+    marks: dict[str, float] = {}
+    decode0 = engine.counters["decode_tokens"]
+
+    def cancel_once_busy() -> None:
+        deadline = time.monotonic() + 60
+        while not decoding(engine, decode0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        marks["cancel"] = time.monotonic()
+        token.cancel()
+        while not idle(engine) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        marks["idle"] = time.monotonic()
+
+    watcher = threading.Thread(target=cancel_once_busy, daemon=True)
+    watcher.start()
+    with pytest.raises(JobFailure) as e:
+        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, cancel=token)
+    watcher.join(timeout=70)
+    assert e.value.code == "canceled" and not e.value.retryable
+    assert marks["idle"] - marks["cancel"] < 2.0, marks  # a bound on a hang, not a speed measurement
     assert_request_dropped(engine, free0, finished0, n_windows)
 
 

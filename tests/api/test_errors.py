@@ -152,7 +152,7 @@ def test_webhook_url_to_private_address_is_refused_without_allow_list(app_with):
 
 
 def test_audio_url_to_private_address_is_refused_without_allow_list(app_with):
-    c = app_with(webhook_allow_hosts=[])
+    c = app_with(audio_url_allow_hosts=[])
     r = c.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.wav"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "url_not_allowed"
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.metrics import EngineCollector, JobsCollector
 from diarist.db import Database, upgrade
-from diarist.models import Job, JobMetrics, WebhookDelivery
+from diarist.models import Job, JobMetrics
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -29,28 +29,17 @@ def sample(fams: dict, family: str, name: str, **labels: str) -> float:
 
 
 def fill(db: Database) -> None:
-    """Three started short jobs with queue waits 0.3, 4 and 45 s (two completed, RTF 0.05 and 0.4), one long
-    completed job (RTF 1.5, wait 200 s), one queued and one failed short job; webhook attempts 200, 500, 404,
-    and a network error."""
-    def job(jid, status, queue="transcribe.short", wait=None, dur=10.0, rtf=None, hook=None):
+    """Two completed and one failed short job, one completed long job, one queued short job; webhook states
+    delivered, failed, failed."""
+    def job(jid, status, queue="transcribe.short", hook=None):
         created = NOW - timedelta(minutes=30)
-        started = created + timedelta(seconds=wait) if wait is not None else None
-        j = Job(id=jid, status=status, queue=queue, duration_s=dur, created_at=created, updated_at=created,
-                started_at=started, finished_at=NOW if status in ("completed", "failed") else None,
-                webhook_status=hook)
-        if rtf is not None:
-            j.metrics = JobMetrics(rtf=rtf, processing_s=rtf * dur, finish_reason="stop", coverage=1.0)
-        return j
+        return Job(id=jid, status=status, queue=queue, duration_s=10.0, created_at=created, updated_at=created,
+                   webhook_status=hook)
 
     with db.session() as s:
-        s.add_all([job("job_a", "completed", wait=0.3, dur=10.0, rtf=0.05, hook="delivered"),
-                   job("job_b", "completed", wait=4.0, dur=20.0, rtf=0.4, hook="failed"),
-                   job("job_c", "failed", wait=45.0, hook="failed"),
-                   job("job_d", "completed", queue="transcribe.long", wait=200.0, dur=600.0, rtf=1.5),
+        s.add_all([job("job_a", "completed", hook="delivered"), job("job_b", "completed", hook="failed"),
+                   job("job_c", "failed", hook="failed"), job("job_d", "completed", queue="transcribe.long"),
                    job("job_e", "queued")])
-        for i, (code, err) in enumerate([(200, None), (500, None), (404, None), (None, "ConnectError: refused")]):
-            s.add(WebhookDelivery(job_id="job_b", message_id="msg_1", attempt=i + 1, url="http://h/", event="job.completed",
-                                  status_code=code, error=err))
 
 
 def scrape(db: Database) -> dict:
@@ -59,55 +48,28 @@ def scrape(db: Database) -> dict:
     return families(generate_latest(reg).decode())
 
 
-def check_job_metrics(fams: dict) -> None:
+def check_job_gauges(fams: dict) -> None:
     assert sample(fams, "diarist_jobs", "diarist_jobs", status="completed", **{"class": "short"}) == 2
     assert sample(fams, "diarist_jobs", "diarist_jobs", status="failed", **{"class": "short"}) == 1
     assert sample(fams, "diarist_jobs", "diarist_jobs", status="queued", **{"class": "short"}) == 1
     assert sample(fams, "diarist_jobs", "diarist_jobs", status="completed", **{"class": "long"}) == 1
     assert sample(fams, "diarist_jobs", "diarist_jobs", status="canceled", **{"class": "long"}) == 0
-
-    qw = "diarist_job_queue_wait_seconds"
-    short = {"class": "short"}
-    assert sample(fams, qw, qw + "_bucket", le="0.1", **short) == 0
-    assert sample(fams, qw, qw + "_bucket", le="0.5", **short) == 1
-    assert sample(fams, qw, qw + "_bucket", le="5.0", **short) == 2
-    assert sample(fams, qw, qw + "_bucket", le="60.0", **short) == 3
-    assert sample(fams, qw, qw + "_bucket", le="+Inf", **short) == 3
-    assert sample(fams, qw, qw + "_count", **short) == 3
-    assert sample(fams, qw, qw + "_sum", **short) == pytest.approx(49.3, abs=1e-3)
-    assert sample(fams, qw, qw + "_sum", **{"class": "long"}) == pytest.approx(200.0, abs=1e-3)
-
-    rtf = "diarist_job_rtf_ratio"
-    assert sample(fams, rtf, rtf + "_bucket", le="0.05", **short) == 1
-    assert sample(fams, rtf, rtf + "_bucket", le="0.3", **short) == 1
-    assert sample(fams, rtf, rtf + "_bucket", le="0.5", **short) == 2
-    assert sample(fams, rtf, rtf + "_count", **short) == 2  # the failed job has no RTF
-    assert sample(fams, rtf, rtf + "_bucket", le="1.0", **{"class": "long"}) == 0
-    assert sample(fams, rtf, rtf + "_bucket", le="2.0", **{"class": "long"}) == 1
-
-    audio = "diarist_audio_processed_seconds"
-    assert sample(fams, audio, audio + "_total", **short) == 30.0
-    assert sample(fams, audio, audio + "_total", **{"class": "long"}) == 600.0
-
-    hooks = "diarist_webhook_deliveries"
-    for outcome in ("success", "server_error", "client_error", "network_error"):
-        assert sample(fams, hooks, hooks + "_total", outcome=outcome) == 1
     assert sample(fams, "diarist_webhook_jobs", "diarist_webhook_jobs", status="failed") == 2
     assert sample(fams, "diarist_webhook_jobs", "diarist_webhook_jobs", status="delivered") == 1
+    assert sample(fams, "diarist_webhook_jobs", "diarist_webhook_jobs", status="retrying") == 0
 
 
-def test_job_metrics_from_rows_on_sqlite(tmp_path):
+def test_job_gauges_from_rows_on_sqlite(tmp_path):
     url = f"sqlite:///{tmp_path / 'm.sqlite3'}"
     upgrade(url)
     db = Database(url)
     fill(db)
-    check_job_metrics(scrape(db))
+    check_job_gauges(scrape(db))
     db.dispose()
 
 
 @pytest.mark.services
-def test_job_metrics_from_rows_on_postgres():
-    """The queue-wait SQL differs per dialect (julianday vs extract(epoch)); both must give the same."""
+def test_job_gauges_from_rows_on_postgres():
     from tests.servers import start_postgres
 
     url, stop = start_postgres()
@@ -115,10 +77,58 @@ def test_job_metrics_from_rows_on_postgres():
         upgrade(url)
         db = Database(url)
         fill(db)
-        check_job_metrics(scrape(db))
+        check_job_gauges(scrape(db))
         db.dispose()
     finally:
         stop()
+
+
+def test_final_transitions_feed_the_event_counters():
+    """Queue waits 0.3, 4 and 45 s (short), 200 s (long); RTF 0.05 and 0.4 (short), 1.5 (long)."""
+    from diarist.metrics import ServiceMetrics
+
+    m = ServiceMetrics()
+
+    def final(status, queue="transcribe.short", wait=None, dur=10.0, rtf=None, code=None):
+        created = NOW - timedelta(minutes=30)
+        j = Job(id="job_x", status=status, queue=queue, duration_s=dur, created_at=created,
+                started_at=created + timedelta(seconds=wait) if wait is not None else None, error_code=code)
+        j.metrics = JobMetrics(rtf=rtf) if rtf is not None else None
+        m.record_final(j)
+
+    final("completed", wait=0.3, rtf=0.05)
+    final("completed", wait=4.0, dur=20.0, rtf=0.4)
+    final("failed", wait=45.0, code="decode_failed")
+    final("completed", queue="transcribe.long", wait=200.0, dur=600.0, rtf=1.5)
+    final("canceled")  # canceled while queued: never started, so no queue wait
+    for code in (200, 500, 404, None):
+        m.record_webhook(code)
+    fams = families(generate_latest(m.registry).decode())
+    short = {"class": "short"}
+    fin = "diarist_jobs_finished"
+    assert sample(fams, fin, fin + "_total", status="completed", code="none", **short) == 2
+    assert sample(fams, fin, fin + "_total", status="failed", code="decode_failed", **short) == 1
+    assert sample(fams, fin, fin + "_total", status="canceled", code="none", **short) == 1
+    qw = "diarist_job_queue_wait_seconds"
+    assert sample(fams, qw, qw + "_bucket", le="0.1", **short) == 0
+    assert sample(fams, qw, qw + "_bucket", le="0.5", **short) == 1
+    assert sample(fams, qw, qw + "_bucket", le="5.0", **short) == 2
+    assert sample(fams, qw, qw + "_bucket", le="60.0", **short) == 3
+    assert sample(fams, qw, qw + "_count", **short) == 3
+    assert sample(fams, qw, qw + "_sum", **short) == pytest.approx(49.3, abs=1e-6)
+    assert sample(fams, qw, qw + "_sum", **{"class": "long"}) == pytest.approx(200.0)
+    rtf = "diarist_job_rtf_ratio"
+    assert sample(fams, rtf, rtf + "_bucket", le="0.05", **short) == 1
+    assert sample(fams, rtf, rtf + "_bucket", le="0.5", **short) == 2
+    assert sample(fams, rtf, rtf + "_count", **short) == 2
+    assert sample(fams, rtf, rtf + "_bucket", le="1.0", **{"class": "long"}) == 0
+    assert sample(fams, rtf, rtf + "_bucket", le="2.0", **{"class": "long"}) == 1
+    audio = "diarist_audio_processed_seconds"
+    assert sample(fams, audio, audio + "_total", **short) == 30.0
+    assert sample(fams, audio, audio + "_total", **{"class": "long"}) == 600.0
+    hooks = "diarist_webhook_deliveries"
+    for outcome in ("success", "server_error", "client_error", "network_error"):
+        assert sample(fams, hooks, hooks + "_total", outcome=outcome) == 1
 
 
 def test_engine_collector_maps_stats_and_marks_a_down_engine():
@@ -154,7 +164,7 @@ def check_conventions(text: str) -> None:
     for name, f in ours.items():
         assert re.fullmatch(r"diarist_[a-z0-9_]+", name), name
         if f.type == "counter":
-            assert all(s.name == name + "_total" for s in f.samples), name
+            assert all(s.name in (name + "_total", name + "_created") for s in f.samples), name
         if f.type == "histogram":
             assert name.endswith(("_seconds", "_ratio")), name
         assert not re.search(r"_(ms|milliseconds|minutes|hours|percent)(_|$)", name), name
@@ -171,6 +181,56 @@ def test_api_metrics_endpoint_includes_the_in_process_engine(stack, client):
                  engine=engine_id)
     assert cap == stack.engine.allocator.num_slots > 0
     assert "diarist_jobs" in fams and "diarist_job_queue_wait_seconds" in fams
+    assert sample(fams, "diarist_broker_up", "diarist_broker_up") == 1
+    assert sample(fams, "diarist_queue_messages", "diarist_queue_messages", queue="transcribe.short") >= 0
+    assert sample(fams, "diarist_workers", "diarist_workers", **{"class": "embedded"}) == 1  # the in-process worker
+
+
+def test_counters_never_go_down_when_a_job_is_deleted(stack, client, wait_job):
+    """A completed job counts once at its transition; deleting it drops the gauge, never a ``_total``."""
+    from tests.conftest import data_file
+
+    def scrape_api() -> dict:
+        return families(client.get("/metrics").text)
+
+    def finished(fams) -> float:
+        f = "diarist_jobs_finished"
+        return sum(s.value for s in fams[f].samples if s.name == f + "_total"
+                   and s.labels.get("status") == "completed") if f in fams else 0.0
+
+    def audio(fams) -> float:
+        f = "diarist_audio_processed_seconds"
+        return sum(s.value for s in fams[f].samples if s.name == f + "_total") if f in fams else 0.0
+
+    def completed_rows(fams) -> float:
+        return sum(s.value for s in fams["diarist_jobs"].samples if s.labels["status"] == "completed")
+
+    before = scrape_api()
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)})
+    assert r.status_code == 202
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed"
+    done = scrape_api()
+    assert finished(done) == finished(before) + 1
+    assert audio(done) == pytest.approx(audio(before) + job["duration"])
+    assert completed_rows(done) == completed_rows(before) + 1
+    sub = "diarist_jobs_submitted"
+    assert sample(done, sub, sub + "_total", **{"class": "short"}) >= 1
+    http = "diarist_http_requests"
+    assert sample(done, http, http + "_total", method="POST", route="/v1/jobs", status="202") >= 1
+    assert sample(done, http, http + "_total", method="GET", route="/v1/jobs/{job_id}", status="200") >= 1
+
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 200
+    after = scrape_api()
+    assert completed_rows(after) == completed_rows(done) - 1  # a gauge of rows: down with the delete
+    assert finished(after) == finished(done) and audio(after) == audio(done)  # counters: unchanged
+    for fam in after.values():  # and no counter anywhere went down
+        if fam.type == "counter" and fam.name in done:
+            old = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in done[fam.name].samples}
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    assert s.value >= old.get((s.name, tuple(sorted(s.labels.items()))), 0.0), s
 
 
 def test_engine_server_metrics(whisper_engine):

@@ -156,3 +156,21 @@ def test_demo_with_a_bad_file_is_one_line_not_a_traceback(tmp_path):
     assert p.returncode == 2, p.stderr[-2000:]
     assert "Traceback" not in p.stderr
     assert p.stderr.strip().splitlines()[-1].startswith("diarist: error: decode_failed: ")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA error")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "tpu"])
+@pytest.mark.parametrize("command", ["transcribe", "eval", "engine", "serve", "demo"])
+def test_a_device_that_is_not_there_is_one_line_and_status_2(tmp_path, capsys, monkeypatch, command, device):
+    monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path / "data"))
+    argv = {"transcribe": ["transcribe", str(data_file("en_short_yes/yes_1000ms.wav"))],
+            "eval": ["eval", str(data_file("en_short_yes/yes.txt").parent), "--out", str(tmp_path / "r.json")],
+            "engine": ["engine", "--port", "0"],
+            "serve": ["serve", "--embedded", "--port", "0"],
+            "demo": ["demo"]}[command]
+    status, _out, err = run_cli(capsys, *argv, "--device", device)
+    assert status == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("diarist: error:")]
+    assert len(lines) == 1 and f"device_unavailable: device '{device}'" in lines[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "data" / "diarist.sqlite3").exists()  # nothing opened before the engine failed

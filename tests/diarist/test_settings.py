@@ -44,6 +44,15 @@ def test_every_setting_is_documented():
     assert all(f.description for f in Settings.model_fields.values())
 
 
+def test_every_admin_setting_is_documented_in_operations():
+    from api.admin.config import AdminSettings
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    missing = [n for n in AdminSettings.model_fields if f"`DIARIST_ADMIN_{n.upper()}`" not in doc]
+    assert not missing, f"document these in docs/operations.md: {missing}"
+    assert all(f.description for f in AdminSettings.model_fields.values())
+
+
 def test_worker_threads_fill_the_engine_rows(monkeypatch):
     """Unset, each transcription class gets enough threads to keep its engine rows full (docs/service.md,
     "Sizing the workers"); an explicit setting wins."""

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
-from transcription.audio import decode_audio, log_mel_spectrogram
+from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
 from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from tests.conftest import data_file
 
@@ -42,6 +42,8 @@ def clips():
     srcs = ["en_2spk_phonecall_pyannote_sample/sample.wav", "en_jfk_inaugural/jfk.flac",
             "en_librispeech_1995-1837-0001/librispeech-1995-1837-0001.wav",
             "en_ami_headset_ES2011a_40-46s/ES2011a.Headset-0-40s-46s.wav"]
+    from transcription.audio import decode_audio
+
     waves = [decode_audio(data_file(s)).mono for s in srcs]
     rng = random.Random(7)
     out = []

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import Sequence
-from transcription.audio import decode_audio, log_mel_spectrogram
+from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
 from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from tests.conftest import data_file
 
@@ -57,6 +57,8 @@ def _ours(engine, mel):
     ("en_2spk_phonecall_pyannote_sample/sample.wav", 30.0),
 ])
 def test_greedy_tokens_equal_transformers_generate(whisper_engine, rel, seconds):
+    from transcription.audio import decode_audio
+
     wave = decode_audio(data_file(rel)).mono
     if seconds is not None:
         wave = wave[: int(seconds * 16000)]

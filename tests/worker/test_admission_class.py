@@ -138,7 +138,9 @@ def test_server_refuses_an_unknown_class(moss, moss_server, noise_wav):
 
     engine, rec = moss
     rec.take()
-    r = httpx.post(f"{moss_server}/internal/transcribe", params={"admission_class": "urgent"},
+    from diarist.engine_wire import ADMISSION_CLASS_HEADER
+
+    r = httpx.post(f"{moss_server}/internal/transcribe", headers={ADMISSION_CLASS_HEADER: "urgent"},
                    content=noise_wav.read_bytes(), timeout=60)
     assert r.status_code == 422
     err = r.json()["error"]
@@ -184,7 +186,7 @@ def test_process_job_sends_the_class_of_the_job_queue(services, make_job):
     class Engine:
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, admission_class="default"):
+        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
             seen.append(admission_class)
             return {"duration": 1.0, "segments": [], "finish_reason": "stop", "coverage": None,
                     "no_speech": True, "metrics": {}}

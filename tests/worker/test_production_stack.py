@@ -83,7 +83,7 @@ def prod(tmp_path_factory):
         wait_port(eport, 300)
         client = httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=60,
                               headers={"Authorization": f"Bearer {key['token']}"})
-        yield {"client": client, "key": key, "procs": procs, "eport": eport}
+        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker}
         client.close()
     finally:
         for p in procs.values():
@@ -165,3 +165,93 @@ def receiver_server():
     r = Receiver()
     yield r
     r.close()
+
+
+@pytest.fixture(scope="module")
+def ninety_seconds(tmp_path_factory) -> Path:
+    """Three distinct 30 s meeting clips end to end (16 kHz WAV): a short-class job whose windows decode
+    together for several seconds on CPU."""
+    import wave as wavmod
+
+    import numpy as np
+
+    from transcription.audio import decode_audio
+
+    clips = ("en_ami_meeting_dev00_2spk/dev00.wav", "en_ami_meeting_trn07_4spk/trn07.wav",
+             "en_ami_meeting_trn05_4spk/trn05.wav")
+    samples = np.concatenate([decode_audio(data_file(rel)).mono for rel in clips])
+    path = tmp_path_factory.mktemp("cancel") / "meeting.wav"
+    with wavmod.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(samples, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    return path
+
+
+ENGINE_DROP_S = 2.0
+"""Bound from the DELETE to an idle engine: the worker's row poll (DIARIST_CANCEL_POLL_S, 0.5 s) plus one
+engine step; the old worker noticed a cancel only at a progress write after a window had finished."""
+
+
+def test_cancel_through_the_api_stops_the_engine_sequences(prod, ninety_seconds):
+    c, stats_url = prod["client"], f"http://127.0.0.1:{prod['eport']}/stats"
+
+    def stats() -> dict:
+        return httpx.get(stats_url, timeout=10).json()
+
+    decode0 = stats()["decode_tokens"]
+    with ninety_seconds.open("rb") as f:
+        r = c.post("/v1/jobs", files={"file": ("meeting.wav", f)})
+    assert r.status_code == 202 and r.json()["queue"] == "transcribe.short", r.text
+    job_id = r.json()["id"]
+    deadline = time.monotonic() + 300
+    while not ((s := stats())["running_requests"] > 0 and s["decode_tokens"] > decode0):
+        assert time.monotonic() < deadline, (s, prod["procs"]["short"].tail())
+        time.sleep(0.05)
+    running = s["running_requests"]
+    r = c.delete(f"/v1/jobs/{job_id}")
+    t_cancel = time.monotonic()
+    assert r.status_code == 200 and r.json()["status"] == "canceled", r.text
+    while (s := stats())["running_requests"] or s["waiting_requests"] or s["kv_tokens_used"]:
+        assert time.monotonic() - t_cancel < 60, s
+        time.sleep(0.05)
+    dropped_after = time.monotonic() - t_cancel
+    assert dropped_after < ENGINE_DROP_S, (dropped_after, running, prod["procs"]["short"].tail())
+    assert s["decode_tokens"] > decode0 and running >= 1
+    job = c.get(f"/v1/jobs/{job_id}").json()
+    assert (job["status"], job["error"]["code"]) == ("canceled", "canceled")
+
+
+def test_api_metrics_report_queue_depth_and_liveness(prod):
+    """The API's /metrics against Redis and the real processes: the broker answers, the short and webhooks
+    workers answer a ping, the engine server is up, and the queue depth is a number per queue."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def value(fams, name, **labels):
+        return next(s.value for s in fams[name].samples if all(s.labels.get(k) == v for k, v in labels.items()))
+
+    from celery import Celery
+
+    from diarist.settings import Settings
+    from worker.celery_app import CeleryDispatcher, configure
+
+    st = Settings(broker_url=prod["broker"])
+    sender = CeleryDispatcher(st, configure(st, Celery("probe")))
+    for _ in range(3):  # no long worker runs here: these wait in transcribe.long (for no job: a no-op if run)
+        sender.transcribe("job_depth_probe", "transcribe.long")
+    assert sender.queue_depths()["transcribe.long"] == 3
+    deadline = time.monotonic() + 60
+    while True:
+        fams = {f.name: f for f in text_string_to_metric_families(prod["client"].get("/metrics").text)}
+        if value(fams, "diarist_workers", **{"class": "short"}) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(1)  # a freshly restarted worker may not answer pings yet (the answers are cached 5 s)
+    assert value(fams, "diarist_broker_up") == 1
+    assert value(fams, "diarist_workers", **{"class": "short"}) == 1
+    assert value(fams, "diarist_workers", **{"class": "webhooks"}) == 1
+    assert value(fams, "diarist_workers", **{"class": "long"}) == 0
+    assert {s.labels["queue"] for s in fams["diarist_queue_messages"].samples} == {
+        "transcribe.short", "transcribe.long", "webhooks"}
+    assert value(fams, "diarist_queue_messages", queue="transcribe.long") == 3
+    assert [s.value for s in fams["diarist_engine_up"].samples] == [1.0]

@@ -10,8 +10,7 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-SAMPLE_RATE = 16_000
-"""Sample rate of every model input (Hz)."""
+from engine.models.mel import SAMPLE_RATE
 
 
 class AudioError(ValueError):

@@ -39,7 +39,7 @@ import threading
 import numpy as np
 import torch
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 
 FRAME = 512
 """Samples per Silero frame at 16 kHz (32 ms)."""
@@ -107,7 +107,7 @@ def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: f
 
 
 def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silence_s: float = 0.3,
-                        pad_s: float = 0.1) -> list[tuple[float, float]]:
+                        pad_s: float = 0.1, device: str = "cpu") -> list[tuple[float, float]]:
     """Speech regions from ``segmentation-3.0``: frames where at least half of the chunks that see them
     decode to a non-empty speaker set, cleaned up like Silero's regions (seconds, sorted, disjoint).
 
@@ -117,7 +117,7 @@ def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silenc
     from transcription.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
     from transcription.diarization.segmentation import segment_cached
 
-    offsets, probs = segment_cached(wave)
+    offsets, probs = segment_cached(wave, device=device)
     num = grid_size(wave.size, offsets, probs.shape[1])
     speech, _ = aggregate(offsets, (probs.argmax(-1) != 0).astype(np.float32), num)
     regions = runs(speech >= 0.5, frame_edges(num))
@@ -136,7 +136,7 @@ def _merge(regions: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                   min_silence_s: float = 0.3, pad_s: float = 0.1,
-                  segmentation: bool = True) -> list[tuple[float, float]]:
+                  segmentation: bool = True, device: str = "cpu") -> list[tuple[float, float]]:
     """Speech regions of a 16 kHz mono recording.
 
     Args:
@@ -144,6 +144,7 @@ def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float 
         threshold, min_speech_s, min_silence_s, pad_s: see the module docstring (seconds).
         segmentation: add the regions ``segmentation-3.0`` finds that Silero confirms (module docstring);
             False gives Silero's regions alone. Ignored when the model's weights are not installed.
+        device: where segmentation-3.0 runs (Silero's ONNX model stays on the CPU).
     Returns:
         Sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``; ``[]`` when
         there is no speech or the input is shorter than ``min_speech_s``.
@@ -156,7 +157,7 @@ def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float 
     if not regions or not segmentation:
         return regions
     try:
-        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s)
+        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device)
     except FileNotFoundError:
         return regions
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 from transcription.diarization.segmentation import FRAME_STEP, frame_centres
 
 

@@ -15,7 +15,8 @@ import threading
 import numpy as np
 import torch
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class CamPlusPlusEmbedder:
 
     @torch.inference_mode()
     def embed(self, wave: np.ndarray, windows: list[tuple[float, float]],
-              masks: list[np.ndarray] | None = None) -> np.ndarray:
+              masks: list[np.ndarray] | None = None, should_cancel: ShouldCancel = None) -> np.ndarray:
         """Embeddings of windows, optionally of selected 10 ms frames only.
 
         Args:
@@ -72,15 +73,19 @@ class CamPlusPlusEmbedder:
             windows: ``(start, end)`` seconds (>= 0.05 s each).
             masks: optional bool ``[round(100 * (end - start))]`` per window: the 10 ms frames that feed
                 the D-TDNN (e.g. the frames where one speaker talks alone); at least 2 must be set.
+            should_cancel: polled before each group of overlapping windows and each batch.
         Returns:
             float32 ``[len(windows), 192]``, unit length.
+        Raises:
+            Canceled: ``should_cancel()`` returned True.
         """
         from transcription.diarization.campplus import fbank
-        from transcription.diarization.segmentation import one_thread
+        from transcription.diarization.segmentation import cascade_stream, one_thread
 
         out = np.zeros((len(windows), self.dim), np.float32)
-        with self._lock, one_thread():
+        with self._lock, one_thread(), cascade_stream(str(self.device)):
             for group in self._groups(windows):
+                check(should_cancel)
                 g0 = min(windows[i][0] for i in group)
                 g1 = max(windows[i][1] for i in group)
                 feats = fbank(torch.from_numpy(np.ascontiguousarray(_cut(wave, g0, g1)))).to(self.device)
@@ -96,6 +101,7 @@ class CamPlusPlusEmbedder:
                     by_len.setdefault(x.shape[1], []).append((i, x))
                 for items in by_len.values():
                     for k in range(0, len(items), self.batch):
+                        check(should_cancel)
                         part = items[k : k + self.batch]
                         x = torch.stack([x for _, x in part])
                         out[[i for i, _ in part]] = self.model.xvector(x).float().cpu().numpy()
@@ -132,19 +138,18 @@ class GE2EEmbedder:
         return _normalise(out)
 
 
-_embedder = None
+_embedders: dict[str, object] = {}
 _embedder_lock = threading.Lock()
 
 
-def default_embedder():
-    """The process-wide embedding model, loaded on first use: CAM++, or GE2E (logged) when the package
-    holding the CAM++ weights is not installed."""
-    global _embedder
+def default_embedder(device: str = "cpu"):
+    """The process-wide embedding model on ``device``, loaded on first use: CAM++, or GE2E (logged) when
+    the package holding the CAM++ weights is not installed."""
     with _embedder_lock:
-        if _embedder is None:
+        if device not in _embedders:
             try:
-                _embedder = CamPlusPlusEmbedder()
+                _embedders[device] = CamPlusPlusEmbedder(device)
             except FileNotFoundError as e:
                 log.warning("%s; using Resemblyzer's GE2E embeddings instead", e)
-                _embedder = GE2EEmbedder()
-        return _embedder
+                _embedders[device] = GE2EEmbedder(device)
+        return _embedders[device]

