@@ -3,7 +3,10 @@
 Routes:
 - ``POST /internal/transcribe`` with the raw audio as the body and the options as JSON in the
   ``x-diarist-options`` header (``?options=<json>`` is still read when the header is absent; a header keeps
-  the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs: newline-delimited JSON, one
+  the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs, and
+  ``x-diarist-admission-class`` (``short``, ``long``; absent: ``default``): the job's duration class, set on
+  every engine sequence of the request so that the engine admits it against its class's own limit (an
+  unknown one is refused with 422 ``invalid_request``): newline-delimited JSON, one
   event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
   "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
   (:class:`worker.engine_client.HttpEngineClient`).
@@ -35,7 +38,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
-from diarist.engine_wire import JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
 from diarist.logs import job_context
 
 log = logging.getLogger("diarist.engine_server")
@@ -75,13 +78,17 @@ def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
     return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in allowed and v is not None})
 
 
-def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
-    """An app serving ``engine`` (an ``engine.Engine`` whose loop is running)."""
+def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None) -> FastAPI:
+    """An app serving ``engine`` (an ``engine.Engine`` whose loop is running).
+
+    ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
+    ``ValueError`` unless the engine runs dummy MOSS-TD weights).
+    """
     from transcription.audio import AudioError
-    from engine.request import RequestRejected
+    from engine.request import ADMISSION_CLASSES, RequestRejected
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
-    tr = Transcriber(engine)
+    tr = Transcriber(engine, fixed_output_tokens=fixed_output_tokens)
     app = FastAPI(title="Diarist engine", version="1")
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
@@ -132,10 +139,15 @@ def create_engine_app(engine: Any, engine_id: str = "engine") -> FastAPI:
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
     async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
+        admission_class = request.headers.get(ADMISSION_CLASS_HEADER, "default")
+        if admission_class not in ADMISSION_CLASSES:
+            raise ApiError(422, "invalid_request",
+                           f"admission_class must be one of {', '.join(ADMISSION_CLASSES)}, not {admission_class!r}")
         try:
             opts = _options(TranscribeOptions, json.loads(request.headers.get(OPTIONS_HEADER) or options))
         except (ValueError, TypeError) as e:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
+        opts.admission_class = admission_class
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
         os.close(fd)
         try:

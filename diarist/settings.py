@@ -7,6 +7,7 @@ the embedded defaults (SQLite, local object store, in-memory broker, in-process 
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +17,31 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
+
+
+ENGINE_SHARE = 0.8
+"""Lower bound on the fraction of a transcription worker thread's time spent inside its engine request
+(the rest: claiming the row, fetching the audio, uploading it to the engine, storing the transcript). The
+service benchmark measures it per job (``benchmarks/bench_service_gpu.py``); sizing for the bound keeps the
+engine's rows full while some threads are between engine requests."""
+
+
+def threads_to_fill(rows: int, seqs_per_job: float = 1.0, engine_share: float = ENGINE_SHARE) -> int:
+    """Worker threads that keep ``rows`` engine sequences in flight (Little's law).
+
+    A thread holds ``seqs_per_job`` sequences while it waits on the engine, which is ``engine_share`` of its
+    time, so ``n`` threads hold ``n * seqs_per_job * engine_share`` sequences on average. The defaults size
+    for the worst case: one sequence per job (a MOSS-TD recording, or a Whisper clip of one 30 s window;
+    longer Whisper jobs submit ``ceil(duration / 30 s)`` windows at once and need fewer threads). Threads
+    beyond the engine's rows cost nothing in the engine: their sequences wait for admission there.
+
+    >>> threads_to_fill(64), threads_to_fill(16), threads_to_fill(64, seqs_per_job=4)
+    (80, 20, 20)
+    """
+    if rows < 1 or seqs_per_job <= 0 or not 0 < engine_share <= 1:
+        raise ValueError(f"threads_to_fill({rows}, {seqs_per_job}, {engine_share}): needs rows >= 1, "
+                         "seqs_per_job > 0 and 0 < engine_share <= 1")
+    return math.ceil(rows / (seqs_per_job * engine_share))
 
 
 class Settings(BaseSettings):
@@ -73,8 +99,10 @@ class Settings(BaseSettings):
 
     # -- queues and workers ---------------------------------------------------------------------------
     long_threshold_s: float = Field(120.0, description="Audio at or above this goes to transcribe.long.")
-    short_concurrency: int = Field(4, description="Threads of `diarist worker --class short`.")
-    long_concurrency: int = Field(2, description="Threads of `diarist worker --class long`.")
+    short_concurrency: int | None = Field(None, description="Threads of `diarist worker --class short`; unset: "
+                                          "threads_to_fill(engine_max_running_requests), 80 for 64 rows.")
+    long_concurrency: int | None = Field(None, description="Threads of `diarist worker --class long`; unset: "
+                                         "threads_to_fill(long_running_limit), 20 for 16 rows.")
     webhook_concurrency: int = Field(4, description="Threads of `diarist worker --class webhooks`.")
     engine_attempts: int = Field(3, description="Attempts for a job whose engine call fails (engine_error after).")
     engine_retry_delay_s: float = Field(2.0, description="First engine retry delay; doubles each attempt.")
@@ -140,7 +168,7 @@ class Settings(BaseSettings):
         from engine.config import EngineConfig
 
         max_running = overrides.get("max_running_requests", self.engine_max_running_requests)
-        long_limit = self.engine_long_max_running or max(1, max_running // 4)
+        long_limit = self.long_limit_of(max_running)
         fields = {"model": self.model, "model_path": self.model_path, "device": self.device, "dtype": self.dtype,
                   "attention_backend": self.attention_backend, "kv_budget_bytes": self.engine_kv_budget_bytes,
                   "max_running_requests": max_running, "async_decode": self.async_decode,
@@ -158,6 +186,33 @@ class Settings(BaseSettings):
         if self.languages is not None:
             return self.languages
         return ["en"] if self.model == "whisper" else []
+
+    def worker_threads(self, klass: str) -> int:
+        """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or
+        for the transcription classes unset, enough to fill the class's engine rows (:func:`threads_to_fill`;
+        the short class may use every row, the long class :attr:`long_running_limit`).
+
+        Raises:
+            ValueError: an unknown class.
+        """
+        if klass == "short":
+            return self.short_concurrency or threads_to_fill(self.engine_max_running_requests)
+        if klass == "long":
+            return self.long_concurrency or threads_to_fill(self.long_running_limit)
+        if klass == "webhooks":
+            return self.webhook_concurrency
+        raise ValueError(f"unknown worker class {klass!r} (short, long or webhooks)")
+
+    @property
+    def long_running_limit(self) -> int:
+        """Engine rows the long class may hold at once (``EngineConfig.admission_limits["long"]``):
+        :meth:`long_limit_of` the configured batch."""
+        return self.long_limit_of(self.engine_max_running_requests)
+
+    def long_limit_of(self, rows: int) -> int:
+        """The long class's share of a batch of ``rows``: ``engine_long_max_running``, else a quarter of
+        ``rows`` (at least 1); never more than the batch itself."""
+        return min(rows, self.engine_long_max_running or max(1, rows // 4))
 
     @property
     def auth_enabled(self) -> bool:

@@ -43,6 +43,9 @@ class RequestRejected(ValueError):
         self.message = message
 
 
+ADMISSION_CLASSES = ("default", "short", "long")
+"""Values of :attr:`Sequence.admission_class`: the service's duration classes, and ``default`` for the rest."""
+
 _ids = itertools.count(1)
 
 LogitsProcessor = Callable[["Sequence", torch.Tensor], torch.Tensor]

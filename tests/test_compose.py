@@ -58,3 +58,19 @@ def test_docker_compose_config_validates(compose):
         pytest.skip("docker compose plugin not installed")
     env = {**os.environ, "DIARIST_ADMIN_SESSION_SECRET": "x" * 64}
     subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], check=True, env=env)
+
+
+def test_workers_are_sized_from_the_engine_rows(compose):
+    """The compose workers take their thread counts from the settings (no --concurrency), and the engine and
+    the workers read the batch size from the one shared environment block."""
+    from diarist.settings import Settings
+
+    services = compose["services"]
+    for c in ("short", "long"):
+        assert "--concurrency" not in services[f"worker-{c}"]["command"]
+    env = services["worker-short"]["environment"]
+    assert services["engine"]["environment"]["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"] == env[
+        "DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]
+    st = Settings(engine_max_running_requests=int(env["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]),
+                  engine_long_max_running=int(env["DIARIST_ENGINE_LONG_MAX_RUNNING"]))
+    assert (st.worker_threads("short"), st.worker_threads("long")) == (80, 20)

@@ -16,13 +16,15 @@ from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 
 
 def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None,
-                    should_cancel: Callable[[], bool] | None = None) -> dict:
+                    should_cancel: Callable[[], bool] | None = None, fixed_output_tokens: int | None = None) -> dict:
     """Run one MOSS-TD sequence over ``wave`` (float32 ``[n]`` 16 kHz) and return the engine result dict.
 
     Text deltas stream through an incremental detokenizer and a 50 ms coalescer; nothing is streamed
     while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
     checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
-    ``abort``) and polled while it runs (its KV is freed at once).
+    ``abort``) and polled while it runs (its KV is freed at once). ``fixed_output_tokens`` (benchmarks on
+    dummy weights only, see :class:`transcription.transcriber.Transcriber`): decode exactly that many tokens
+    (clamped to the context left), EOS and the loop guard off.
 
     Raises:
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
@@ -37,7 +39,11 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
                 "coverage": 0.0, "no_speech": False, "repetition": None,
                 "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
-    seq = build_moss_sequence(engine, wave, getattr(options, "max_new_tokens", None), getattr(options, "prompt", None))
+    budget = fixed_output_tokens or getattr(options, "max_new_tokens", None)
+    seq = build_moss_sequence(engine, wave, budget, getattr(options, "prompt", None))
+    seq.admission_class = getattr(options, "admission_class", "default")
+    if fixed_output_tokens is not None:
+        seq.ignore_eos, seq.stop_checker = True, None
     detok = IncrementalDetokenizer(engine.tokenizer.decode, keep=lambda t: t not in seq.stop_token_ids)
     coalescer = DeltaCoalescer(engine.config.stream_interval_s)
     lock = threading.Lock()

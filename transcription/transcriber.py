@@ -71,6 +71,9 @@ class TranscribeOptions:
         max_new_tokens: output budget per sequence (tokens); default from the model and duration.
         diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
         word_timestamps: compute word times (needed to split segments at speaker changes).
+        admission_class: the engine admission class of every sequence of this request
+            (``engine.request.ADMISSION_CLASSES``: the job's duration class, ``short`` or ``long``, or
+            ``default``); the engine admits each class against its own limit.
     """
 
     language: str | None = None
@@ -82,16 +85,30 @@ class TranscribeOptions:
     max_new_tokens: int | None = None
     diarize: bool = True
     word_timestamps: bool = True
+    admission_class: str = "default"
 
 
 class Transcriber:
-    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once."""
+    """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once.
 
-    def __init__(self, engine: Engine) -> None:
+    ``fixed_output_tokens`` is a benchmark-only switch (``benchmarks/bench_service_gpu.py``): every MOSS-TD
+    sequence then decodes exactly that many tokens, EOS and the loop guard off, as the engine benchmark's
+    requests do (``benchmarks/bench_engine.py``), so the service and the engine can be compared on the same
+    work. It lives on this instance, never in a request, and is refused (``ValueError``) unless the engine
+    runs random weights (``load_format="dummy"``) of the ``moss-td`` family: a real model's transcript
+    would be cut or padded.
+    """
+
+    def __init__(self, engine: Engine, fixed_output_tokens: int | None = None) -> None:
         self.engine = engine
         # the speaker cascade's networks (segmentation-3.0, CAM++) run where the engine does
         self.cascade_device = str(engine.device) if engine.device.type == "cuda" else "cpu"
         self.family = engine.loaded.info.get("family", "whisper")
+        if fixed_output_tokens is not None and (engine.config.load_format != "dummy" or self.family == "whisper"
+                                                or fixed_output_tokens < 1):
+            raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
+                             f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
+        self.fixed_output_tokens = fixed_output_tokens
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -108,7 +125,7 @@ class Transcriber:
             A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
-            prompt_tokens, output_tokens, processing_s, rtf}.
+            prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
         ``should_cancel`` is polled before the windows are submitted, while the engine works and inside
         diarization; once it returns True no further window is submitted, the recording's sequences are
         aborted at once (their KV is freed), diarization is skipped or stopped where it is, and the result
@@ -128,12 +145,14 @@ class Transcriber:
                                   f"language={opts.language!r} was asked for")
         t0 = time.perf_counter()
         audio = decode_audio(source, mono=not opts.multichannel)
+        audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
         if self.family != "whisper":
             from transcription.moss_transcribe import transcribe_moss
 
-            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel)
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
+                                     fixed_output_tokens=self.fixed_output_tokens)
             result["model"] = self.engine.loaded.info.get("name")
             result["language"] = opts.language
             result["family"] = "moss-td"
@@ -143,6 +162,7 @@ class Transcriber:
             result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
         processing = time.perf_counter() - t0
         result["metrics"]["processing_s"] = processing
+        result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
         _mark_completeness(result)
@@ -219,7 +239,7 @@ class Transcriber:
                                     canonical=lambda t, ts0=ts0: min(ts0, t))
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
-                           stop_checker=guard, tag=i)
+                           stop_checker=guard, tag=i, admission_class=opts.admission_class)
             seq.on_event = self._make_listener(i, detok, progress, w)
             seqs.append(seq)
         for seq in seqs:

@@ -8,6 +8,8 @@ job. Tasks are idempotent against the job row, so a redelivered message never co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from celery import Celery
 from kombu import Queue
 
@@ -22,13 +24,28 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
     vt = settings.visibility_timeout_s
     # Redis re-queues a message whose worker died once it has been unacked for ``vt`` seconds; sweep for
     # such messages every vt/3 seconds (at most every 10 s), each sweep a real scan (throttle 1).
+    broker_url = settings.broker
     transport_options: dict = {"visibility_timeout": vt, "unacked_restore_interval": max(1, min(10, vt // 3)),
                                "unacked_restore_throttle": 1}
     if settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}
+    elif settings.broker.startswith("filesystem://"):
+        # kombu's filesystem transport (publishing made atomic: worker.fs_broker): messages are files under
+        # <data_dir>/broker, shared by the processes of one host (API and workers) without a broker server.
+        # No visibility timeout: a message taken by a worker that dies is not redelivered, so this is for
+        # one-host setups where Redis cannot run (benchmarks/bench_service_gpu.py on the GPU machine).
+        from worker import fs_broker
+
+        broker_url = settings.broker.replace("filesystem://", f"{fs_broker.ALIAS}://", 1)
+        folder = (Path(settings.data_dir) / "broker").resolve()
+        for sub in ("queue", "processed", "control"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
+                             "processed_folder": str(folder / "processed"), "store_processed": False,
+                             "control_folder": str(folder / "control"), "polling_interval": 0.01}
     celery.conf.update(
-        broker_url=settings.broker,
+        broker_url=broker_url,
         broker_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
         # A worker outlives any broker outage (the default gives up after 100 reconnects and exits), and a

@@ -34,7 +34,7 @@ class EmbeddedWorker:
         set_runtime(self.runtime)
         self.sweeper = Sweeper(services, self.dispatcher, "embedded", list(routing.QUEUES), engine=engine,
                                leases=self.runtime.leases)
-        self.concurrency = concurrency or (st.short_concurrency + st.long_concurrency + st.webhook_concurrency)
+        self.concurrency = concurrency or sum(st.worker_threads(k) for k in routing.CLASSES)
         self.controller = None
         self.thread: threading.Thread | None = None
 

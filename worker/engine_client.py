@@ -5,7 +5,9 @@ streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text},
 engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
 with a machine code; ``retryable`` says whether another attempt could succeed. A ``cancel`` token
 (:class:`worker.cancel.CancelToken`) stops the engine work as soon as it is set: the call then raises
-:class:`JobFailure` ``canceled`` (not retryable).
+:class:`JobFailure` ``canceled`` (not retryable). ``admission_class`` (``short``, ``long`` or
+``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so the
+engine admits the job against its class's own limit.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from diarist.engine_wire import JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
 from diarist.logs import current_job_id
 from worker.cancel import CancelToken
 from diarist.outages import Dependency
@@ -44,7 +46,7 @@ class EngineClient(Protocol):
     engine_id: str
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None) -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         """Raises JobFailure (``canceled`` once ``cancel`` is set)."""
 
     def ready(self) -> bool: ...
@@ -58,12 +60,13 @@ class InProcessEngineClient:
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None) -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         from transcription.audio import AudioError
         from engine.request import RequestRejected
         from transcription.transcriber import EngineError, TranscribeOptions
 
-        opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None})
+        opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None},
+                                 admission_class=admission_class)
         try:
             # The transcriber polls the token between stages and the engine while it decodes: aborting
             # frees the KV now instead of finishing work nobody will read.
@@ -98,12 +101,12 @@ class HttpEngineClient:
         self.engine_id = self.url
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None) -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         import httpx
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
         headers = {"content-type": "application/octet-stream",
-                   OPTIONS_HEADER: json.dumps(params, ensure_ascii=True)}
+                   OPTIONS_HEADER: json.dumps(params, ensure_ascii=True), ADMISSION_CLASS_HEADER: admission_class}
         if (job_id := current_job_id()) is not None:
             headers[JOB_ID_HEADER] = job_id
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)

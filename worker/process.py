@@ -28,6 +28,7 @@ from diarist.models import Job, utcnow
 from diarist.outages import Dependency, classify
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
+from worker import routing
 from worker.cancel import CancelToken, CancelWatch
 from worker.engine_client import JobFailure
 from worker.leases import Lease
@@ -127,11 +128,15 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
     try:
         if rt.engine is None:
             raise JobFailure("engine_error", "this worker has no engine client", retryable=True)
+        t_fetch = time.perf_counter()
         with (svc.store.local_path(job.audio_key) as path,
               CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s, owner=lease.owner)):
+            t_engine = time.perf_counter()
             result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
-                                          cancel=token)
+                                          cancel=token, admission_class=routing.admission_class(job.queue))
+            t_done = time.perf_counter()
         transcript = Transcript.from_engine(result)
+        result.setdefault("metrics", {}).update(worker_fetch_s=t_engine - t_fetch, worker_engine_s=t_done - t_engine)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
         return _fail(rt, job_id, "audio_missing", "the uploaded audio is no longer in the object store")
@@ -161,7 +166,11 @@ def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: 
     """Keep the engine's work: outages of the store or the database are waited out here (bounded)."""
     svc, job_id = rt.services, job.id
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
+    t_store = time.perf_counter()
     _durable(rt, lambda: svc.store.put_bytes(key, transcript.model_dump_json().encode()))
+    # Where the worker's time went, beside the engine's own metrics (kept in the metrics row's ``extra``):
+    # fetching the audio and the engine call (set by _attempt), storing the result.
+    result.setdefault("metrics", {})["worker_store_s"] = time.perf_counter() - t_store
     # The engine server names itself in the result; the client's own id is the fallback (in-process).
     engine_id = result.get("engine_id") or rt.engine.engine_id
     if _durable(rt, lambda: jobs.complete(svc, job_id, key, transcript, result, engine_id, owner=lease.owner)):

@@ -17,3 +17,13 @@ def queue_for(duration_s: float | None, threshold_s: float) -> str:
     if duration_s is None or duration_s >= threshold_s:
         return LONG
     return SHORT
+
+
+def admission_class(queue: str) -> str:
+    """The engine admission class of a job on ``queue``: ``short`` / ``long`` for the transcription queues
+    (their names in :data:`CLASSES`), ``default`` for anything else.
+
+    The engine admits each class against its own limit, so the two classes keep separate admission on one
+    engine; the value travels with the job's request (``Sequence.admission_class``).
+    """
+    return next((name for name, q in CLASSES.items() if q == queue and q in (SHORT, LONG)), "default")

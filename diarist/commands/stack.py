@@ -50,11 +50,15 @@ class EmbeddedStack:
         settings: embedded settings (see :func:`embedded_settings`).
         engine: an already loaded ``engine.Engine`` to share (tests); else one is loaded from the settings.
         worker_concurrency: Celery worker threads (default: the sum of the per-class settings).
+        fixed_output_tokens: benchmark-only (``benchmarks/bench_service_gpu.py``): the transcriber's switch
+            for dummy MOSS-TD weights (:class:`transcription.transcriber.Transcriber`).
     """
 
-    def __init__(self, settings: Settings, engine: Any = None, worker_concurrency: int | None = None) -> None:
+    def __init__(self, settings: Settings, engine: Any = None, worker_concurrency: int | None = None,
+                 fixed_output_tokens: int | None = None) -> None:
         self.settings = settings
         self.engine = engine
+        self.fixed_output_tokens = fixed_output_tokens
         self._own_engine_loop = False
         self.worker_concurrency = worker_concurrency
         self.services = None
@@ -82,7 +86,7 @@ class EmbeddedStack:
         if getattr(self.engine, "_thread", None) is None:
             self.engine.start()
             self._own_engine_loop = True
-        client = InProcessEngineClient(Transcriber(self.engine))
+        client = InProcessEngineClient(Transcriber(self.engine, fixed_output_tokens=self.fixed_output_tokens))
         self.worker = EmbeddedWorker(self.services, client, concurrency=self.worker_concurrency)
         self.worker.start()
         self.app = create_app(self.services, engine_ready=lambda: self.engine is not None)

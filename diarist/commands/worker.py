@@ -57,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
     rt = Runtime(services=services, engine=engine, dispatcher=dispatcher)
     set_runtime(rt)
     hostname = f"{args.klass}@{socket.gethostname()}"
-    concurrency = args.concurrency or {"short": st.short_concurrency, "long": st.long_concurrency,
-                                       "webhooks": st.webhook_concurrency}[args.klass]
+    concurrency = args.concurrency or st.worker_threads(args.klass)
     import worker.tasks  # noqa: F401 - registers the tasks
 
     metrics_port = args.metrics_port if args.metrics_port is not None else st.worker_metrics_port

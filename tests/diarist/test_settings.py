@@ -51,3 +51,30 @@ def test_every_admin_setting_is_documented_in_operations():
     missing = [n for n in AdminSettings.model_fields if f"`DIARIST_ADMIN_{n.upper()}`" not in doc]
     assert not missing, f"document these in docs/operations.md: {missing}"
     assert all(f.description for f in AdminSettings.model_fields.values())
+
+
+def test_worker_threads_fill_the_engine_rows(monkeypatch):
+    """Unset, each transcription class gets enough threads to keep its engine rows full (docs/service.md,
+    "Sizing the workers"); an explicit setting wins."""
+    import pytest
+
+    from diarist.settings import threads_to_fill
+
+    for k in ("DIARIST_SHORT_CONCURRENCY", "DIARIST_LONG_CONCURRENCY", "DIARIST_ENGINE_MAX_RUNNING_REQUESTS",
+              "DIARIST_ENGINE_LONG_MAX_RUNNING"):
+        monkeypatch.delenv(k, raising=False)
+    assert threads_to_fill(64) == 80 and threads_to_fill(16) == 20 and threads_to_fill(1) == 2
+    assert threads_to_fill(64, seqs_per_job=6) == 14  # a 3-minute Whisper job: six windows in the engine
+    assert threads_to_fill(10, engine_share=1.0) == 10
+    with pytest.raises(ValueError):
+        threads_to_fill(0)
+    st = Settings()
+    assert (st.worker_threads("short"), st.worker_threads("long"), st.worker_threads("webhooks")) == (80, 20, 4)
+    monkeypatch.setenv("DIARIST_ENGINE_MAX_RUNNING_REQUESTS", "128")
+    monkeypatch.setenv("DIARIST_ENGINE_LONG_MAX_RUNNING", "200")  # capped by the batch itself
+    st = Settings()
+    assert (st.worker_threads("short"), st.worker_threads("long")) == (160, 160)
+    monkeypatch.setenv("DIARIST_SHORT_CONCURRENCY", "7")
+    assert Settings().worker_threads("short") == 7
+    with pytest.raises(ValueError):
+        st.worker_threads("gpu")

@@ -28,7 +28,8 @@ class SilentEngine:
         self.started = threading.Event()
         self.stopped_at: float | None = None
 
-    def transcribe(self, audio, options, on_event=None, cancel: CancelToken | None = None) -> dict:
+    def transcribe(self, audio, options, on_event=None, cancel: CancelToken | None = None,
+                   admission_class: str = "default") -> dict:
         done = threading.Event()
         cancel.add_callback(done.set)
         self.started.set()

@@ -112,7 +112,7 @@ def test_a_job_canceled_mid_run_is_skipped_not_failed(rt, make_job):
     class CancelingEngine:  # the job is canceled while the engine streams; the client then gives up
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, cancel=None):
+        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
             assert jobs.cancel(rt.services, job_id)
             on_event("segment", {"start": 0.0, "end": 0.5, "text": "hello"})  # the progress write sees it
             assert cancel.is_set()

@@ -1,0 +1,246 @@
+"""The service under test for ``bench_service_gpu.py``: the engine it runs, the engine server process, and the
+two topologies (embedded: one process; production-shaped: API, workers and engine server as processes).
+
+The fixed output length (``--fixed-output-tokens``) is the transcriber's benchmark-only switch
+(:class:`transcription.transcriber.Transcriber`): set on the instance the engine server or the embedded
+stack builds, honoured only with dummy MOSS-TD weights, never part of a request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from engine.loaders.moss_td import TINY_DUMMY_CONFIG  # noqa: E402
+
+
+def engine_config(device: str, tiny: bool, max_running: int) -> Any:
+    """The engine the service runs here: what ``diarist engine`` builds from its settings
+    (:meth:`diarist.settings.Settings.engine_config`: dtype, kernels, graphs and class admission resolved from
+    the device), with MOSS-TD dummy weights (tiny shapes with ``tiny``) on ``device``."""
+    from diarist.settings import Settings
+
+    return Settings(engine_max_running_requests=max_running).engine_config(
+        model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG if tiny else {}, device=device,
+        seed=0, kv_budget_bytes=(256 << 20) if tiny else None)
+
+
+class SequenceLog:
+    """Wraps ``engine.submit`` to keep every sequence the service submits: the engine's own record of each
+    job (timings, tokens), to check the database's per-job metrics against."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.seqs, self._submit = engine, [], engine.submit
+        engine.submit = self._record
+
+    def _record(self, seq: Any) -> Any:
+        self.seqs.append(seq)
+        return self._submit(seq)
+
+    def records(self) -> list[dict]:
+        """One dict per finished sequence: ``encoder_s``, ``prefill_s``, ``decode_s``, ``queue_wait_s``,
+        ``wall_s`` (arrival to finish), ``prompt_tokens``, ``output_tokens``, ``audio_s``."""
+        out = []
+        for s in self.seqs:
+            t = s.timings
+            if t.finished is None:
+                continue
+            out.append({"encoder_s": t.encoder_s, "prefill_s": t.prefill_s, "decode_s": t.decode_s,
+                        "queue_wait_s": t.queue_wait_s, "wall_s": t.finished - t.arrival,
+                        "prompt_tokens": s.prompt_len, "output_tokens": len(s.output_ids),
+                        "audio_s": s.mm_state.get("duration_s"), "admission_class": s.admission_class})
+        return out
+
+
+_WARM: weakref.WeakSet = weakref.WeakSet()
+
+
+def engine_only(engine: Any, workload: dict) -> dict:
+    """``bench_engine.run_workload`` (the engine benchmark's own closed loop) on ``engine``, inline stepping
+    (its loop thread must not run). A shortened run (``tokens`` below ``full_tokens``) also gets
+    ``projected_extra_decode_s``: the missing decode steps by ``bench_engine.project_steps_s``, as
+    ``bench_engine.py`` projects them."""
+    import numpy as np
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_baselines import decoder_weight_bytes
+    from bench_engine import project_steps_s, run_workload
+
+    n, conc, tokens, full = workload["jobs"], workload["concurrency"], workload["tokens"], workload["full_tokens"]
+    if engine not in _WARM:  # bench_engine.main's warm-up: kernels compiled, graphs hit, once per engine
+        run_workload(engine, 4, 12.0, 8, 2, np.random.default_rng(1))
+        _WARM.add(engine)
+    stats, _ = run_workload(engine, n, workload["audio_s"], tokens, conc, np.random.default_rng(0))
+    if full > tokens and stats["decode_step_ms_p50"] is not None:
+        rounds, batch = (n, 1) if conc == 1 else (-(-n // conc), min(conc, n))
+        stats["full_output_tokens"] = full
+        stats["projected_extra_decode_s"] = rounds * project_steps_s(
+            stats["decode_step_ms_p50"], decoder_weight_bytes(engine.model), engine.kv_bytes_per_token, batch,
+            stats["prompt_tokens"], tokens, full)
+    return stats
+
+
+def serve_engine(args: Any) -> None:
+    """``--serve-engine``: the engine server of the production-shaped topology, in its own process: the same
+    pieces ``diarist engine`` runs (an :class:`engine.Engine`, ``api.engine_server.create_engine_app``,
+    uvicorn on loopback) with dummy weights. Before serving it runs the engine-only workload on the same
+    engine and writes it to ``--engine-only-out``; ``GET /bench/sequences`` returns the engine's record of
+    every sequence the service submitted."""
+    import uvicorn
+
+    from api.engine_server import create_engine_app
+    from engine import Engine
+
+    engine = Engine(engine_config(args.device, args.tiny, args.max_running))
+    workload = json.loads(args.workload)
+    Path(args.engine_only_out).write_text(json.dumps(engine_only(engine, workload)))
+    log = SequenceLog(engine)
+    engine.start()
+    app = create_engine_app(engine, engine_id=f"bench:{args.port}:{args.device}",
+                            fixed_output_tokens=workload["tokens"])
+    app.get("/bench/sequences")(log.records)
+    try:
+        uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")
+    finally:
+        engine.shutdown()
+
+
+def _wait_http(url: str, proc: subprocess.Popen | None, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before {url} answered")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Embedded:
+    """One process: :class:`diarist.commands.stack.EmbeddedStack` (API, Celery on ``memory://`` with worker
+    threads, SQLite, local store) around ``engine``, whose loop runs while the stack does."""
+
+    name = "embedded"
+
+    def __init__(self, engine: Any, data_dir: Path, tokens: int) -> None:
+        from diarist.commands.stack import EmbeddedStack, embedded_settings
+
+        self.engine, self.log = engine, SequenceLog(engine)
+        self.settings = embedded_settings(data_dir=data_dir, model="moss-td", served_models=["moss-td"])
+        self.stack = EmbeddedStack(self.settings, engine=engine, fixed_output_tokens=tokens)
+        threads = sum(self.settings.worker_threads(k) for k in ("short", "long", "webhooks"))
+        self.describe = (f"embedded: one process, {threads} Celery worker threads on memory://, SQLite, local "
+                         "store, engine in-process")
+
+    def start(self) -> str:
+        self.engine.start()
+        self.stack.start()
+        return self.stack.serve_in_thread()
+
+    def sequences(self) -> list[dict]:
+        return self.log.records()
+
+    def stop(self) -> None:
+        self.stack.stop()
+        self.engine.shutdown()
+        self.engine.submit = self.log._submit
+
+
+class Production:
+    """API (``diarist serve``), one ``diarist worker`` process per transcription class and the engine server
+    (:func:`serve_engine`) as separate processes on loopback. Broker (``--broker``): Redis when asked or, with
+    ``auto``, when ``redis-server`` is on the PATH, else kombu's filesystem transport (no broker server);
+    database: one SQLite file (WAL) for all."""
+
+    name = "production"
+
+    def __init__(self, args: Any, data_dir: Path, workload: dict) -> None:
+        self.args, self.dir, self.workload = args, data_dir, workload
+        self.procs: list[subprocess.Popen] = []
+        self.redis = shutil.which("redis-server") if args.broker in ("auto", "redis") else None
+        if args.broker == "redis" and not self.redis:
+            raise RuntimeError("--broker redis: no redis-server on the PATH")
+        self.engine_port, self.api_port = free_port(), free_port()
+        self.engine_url = f"http://127.0.0.1:{self.engine_port}"
+        broker = f"redis://127.0.0.1:{free_port()}/0" if self.redis else "filesystem://"
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+                    "DIARIST_DATA_DIR": str(data_dir), "DIARIST_DATABASE_URL": f"sqlite:///{data_dir}/diarist.sqlite3",
+                    "DIARIST_STORAGE": "local", "DIARIST_STORAGE_DIR": str(data_dir / "objects"),
+                    "DIARIST_BROKER_URL": broker, "DIARIST_AUTH": "false", "DIARIST_MODEL": "moss-td",
+                    "DIARIST_SERVED_MODELS": '["moss-td"]', "DIARIST_ENGINE_URL": self.engine_url,
+                    "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": str(args.max_running)}
+        from diarist.settings import Settings
+
+        st = Settings(engine_max_running_requests=args.max_running)
+        self.describe = (f"production-shaped: API, workers (short {st.worker_threads('short')} + long "
+                         f"{st.worker_threads('long')} threads, one process each) and the engine server as "
+                         f"separate processes over loopback HTTP; broker {broker.split(':')[0]}"
+                         f"{'' if self.redis or args.broker == 'filesystem' else ' (no redis-server here)'}; SQLite shared")
+
+    def _spawn(self, *cmd: str, log: str) -> subprocess.Popen:
+        out = open(self.dir / f"{log}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(list(cmd), env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append(p)
+        return p
+
+    def start(self) -> str:
+        py = sys.executable
+        if self.redis:
+            port = self.env["DIARIST_BROKER_URL"].rsplit(":", 1)[1].split("/")[0]
+            self._spawn(self.redis, "--port", port, "--save", "", "--appendonly", "no", log="redis")
+        subprocess.run([py, "-m", "diarist.cli", "migrate"], env=self.env, cwd=REPO, check=True,
+                       capture_output=True)
+        engine = self._spawn(py, str(Path(__file__).with_name("bench_service_gpu.py")), "--serve-engine",
+                             "--port", str(self.engine_port), "--device", self.args.device,
+                             *(["--tiny"] if self.args.tiny else []), "--max-running", str(self.args.max_running),
+                             "--workload", json.dumps(self.workload),
+                             "--engine-only-out", str(self.dir / "engine_only.json"), log="engine")
+        _wait_http(f"{self.engine_url}/health", engine, self.args.start_timeout)
+        for klass in ("short", "long"):
+            self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
+                        log=f"worker-{klass}")
+        api = self._spawn(py, "-m", "diarist.cli", "serve", "--host", "127.0.0.1", "--port", str(self.api_port),
+                          log="api")
+        url = f"http://127.0.0.1:{self.api_port}"
+        _wait_http(f"{url}/readyz", api, 60)
+        time.sleep(2.0)  # the workers' consumers: nothing answers for them, and a job waits for them anyway
+        return url
+
+    def engine_only(self) -> dict:
+        return json.loads((self.dir / "engine_only.json").read_text())
+
+    def sequences(self) -> list[dict]:
+        return httpx.get(f"{self.engine_url}/bench/sequences", timeout=60).json()
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
