@@ -61,7 +61,7 @@ def test_engine_dropping_the_request_spends_attempts_then_fails_with_engine_erro
     class DroppingEngine:
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, cancel=None):
+        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
             raise JobFailure("engine_error", "engine server dropped the request", retryable=True)
 
     rt.engine = DroppingEngine()
