@@ -70,10 +70,15 @@ def run(args: argparse.Namespace) -> int:
     rt.leases.start()
     sweeper = Sweeper(services, dispatcher, hostname, [routing.CLASSES[args.klass]], engine=engine, leases=rt.leases)
     sweeper.start()
+    w = app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
+                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True)
     try:
-        app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True).start()
+        w.start()
     finally:
         sweeper.stop()
         rt.leases.stop()
-    return 0
+    # Celery ends the worker with a failure exit code after an unrecoverable error (seen: kombu's Redis
+    # transport raising while it restores unacked messages after a broker restart); passing it on lets the
+    # supervisor (compose's restart policy, systemd Restart=on-failure) start the worker again, whose
+    # sweeper then re-drives what it held.
+    return int(w.exitcode or 0)
