@@ -1,7 +1,9 @@
 """The engine server (``diarist engine``): one per GPU, on loopback, the only process that loads a model.
 
 Routes:
-- ``POST /internal/transcribe`` with the raw audio as the body and the options as JSON in the
+- ``POST /internal/transcribe`` with the audio as the body (the decoded samples when the
+  ``x-diarist-pcm`` header describes them, :class:`diarist.engine_wire.PcmFormat`, which is what workers
+  send; else the uploaded file, decoded here) and the options as JSON in the
   ``x-diarist-options`` header (``?options=<json>`` is still read when the header is absent; a header keeps
   the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs, and
   ``x-diarist-admission-class`` (``short``, ``long``; absent: ``default``): the job's duration class, set on
@@ -38,12 +40,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
-from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER, PCM_HEADER, PcmFormat
 from diarist.logs import job_context
 
 log = logging.getLogger("diarist.engine_server")
 
 CHUNK = 1 << 20
+MAX_PCM_BYTES = 8 * 3600 * 16_000 * 4 * 2
+"""Largest decoded body taken (bytes): 8 hours of 16 kHz float32 in two channels; a bigger header is refused
+before anything is allocated."""
 _END = object()
 
 
@@ -84,7 +89,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
     ``ValueError`` unless the engine runs dummy MOSS-TD weights).
     """
-    from transcription.audio import AudioError
+    from transcription.audio import AudioError, DecodedAudio
     from engine.request import ADMISSION_CLASSES, RequestRejected
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
@@ -93,16 +98,18 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
-    def run(path: Path, opts: Any, on_event: Any, cancel: threading.Event, job_id: str | None = None) -> dict:
+    def run(source: Path | DecodedAudio, opts: Any, on_event: Any, cancel: threading.Event,
+            job_id: str | None = None) -> dict:
         try:
             with job_context(job_id):
-                return tr.transcribe(str(path), opts, on_event=on_event, should_cancel=cancel.is_set)
+                return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
+                                     on_event=on_event, should_cancel=cancel.is_set)
         except (AudioError, RequestRejected) as e:
             raise ApiError(422, e.code, e.message) from None
         except EngineError as e:
             raise ApiError(500, "engine_error", str(e)) from None
 
-    async def stream(path: Path, opts: Any, cancel: threading.Event, job_id: str | None = None
+    async def stream(source: Path | DecodedAudio, opts: Any, cancel: threading.Event, job_id: str | None = None
                      ) -> AsyncIterator[dict]:
         """Run the transcription on its own thread; yield its events as they come, then the result or error.
 
@@ -118,7 +125,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
         def work() -> None:
             try:
-                result = run(path, opts, lambda k, p: put({"type": k, **p}), cancel, job_id)
+                result = run(source, opts, lambda k, p: put({"type": k, **p}), cancel, job_id)
                 put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 put({"type": "error", "code": e.code, "message": e.message})
@@ -128,7 +135,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
                 put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
             finally:
                 put(_END)
-                path.unlink(missing_ok=True)
+                if isinstance(source, Path):
+                    source.unlink(missing_ok=True)
 
         threading.Thread(target=work, name="engine-request", daemon=True).start()
         try:
@@ -148,18 +156,13 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         except (ValueError, TypeError) as e:
             raise ApiError(422, "invalid_request", f"options: {e}") from None
         opts.admission_class = admission_class
-        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
-        os.close(fd)
-        try:
-            async with await anyio.open_file(name, "wb") as out:
-                async for chunk in request.stream():
-                    await out.write(chunk)
-        except BaseException:  # the client left mid-upload (ClientDisconnect) or the task was cancelled
-            Path(name).unlink(missing_ok=True)
-            raise
+        if (pcm := request.headers.get(PCM_HEADER)) is not None:
+            source: Path | DecodedAudio = await _read_pcm(request, pcm)
+        else:
+            source = await _read_file(request)
         cancel = threading.Event()
         job_id = request.headers.get(JOB_ID_HEADER)
-        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(Path(name), opts, cancel, job_id))
+        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(source, opts, cancel, job_id))
         return CancelOnClose(lines, cancel, media_type="application/x-ndjson")
 
     @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")
@@ -206,6 +209,38 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             return JSONResponse({"text": t.text, "usage": {"type": "duration", "seconds": t.duration}})
         content, media_type = render(t, response_format)
         return Response(content, media_type=media_type)
+
+    async def _read_pcm(request: Request, header: str) -> DecodedAudio:
+        """The decoded audio a worker sent (:class:`diarist.engine_wire.PcmFormat`), checked against its header."""
+        try:
+            fmt = PcmFormat.from_header(header)
+        except (ValueError, TypeError) as e:
+            raise ApiError(422, "invalid_request", f"{PCM_HEADER}: {e}") from None
+        if fmt.nbytes > MAX_PCM_BYTES:
+            raise ApiError(413, "too_large", f"PCM body of {fmt.nbytes} bytes; at most {MAX_PCM_BYTES}")
+        body, n = bytearray(fmt.nbytes), 0
+        async for chunk in request.stream():
+            if n + len(chunk) > len(body):
+                raise ApiError(422, "invalid_pcm", f"PCM body longer than the header's {fmt.nbytes} bytes")
+            body[n : n + len(chunk)] = chunk
+            n += len(chunk)
+        try:
+            return DecodedAudio.from_pcm(fmt, memoryview(body)[:n] if n < len(body) else body)
+        except AudioError as e:
+            raise ApiError(422, e.code, e.message) from None
+
+    async def _read_file(request: Request) -> Path:
+        """The uploaded media file, spooled to a temporary file (removed when its request ends)."""
+        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
+        os.close(fd)
+        try:
+            async with await anyio.open_file(name, "wb") as out:
+                async for chunk in request.stream():
+                    await out.write(chunk)
+        except BaseException:  # the client left mid-upload (ClientDisconnect) or the task was cancelled
+            Path(name).unlink(missing_ok=True)
+            raise
+        return Path(name)
 
     @app.get("/health")
     def health() -> dict:

@@ -26,6 +26,9 @@ from engine.scheduler import ScheduledBatch, Scheduler
 
 log = logging.getLogger("diarist.engine")
 
+CANCEL_POLL_S = 0.05
+"""Seconds between two looks at a waiter's ``should_cancel``: the longest a cancel waits to abort its work."""
+
 GiB = 1 << 30
 
 
@@ -225,6 +228,7 @@ class Engine:
                     if not seq.finished:
                         seq.error = f"{type(e).__name__}: {e}"
                         self.scheduler.finish(seq, FinishReason.ERROR)
+                    if not seq.done.is_set():  # also those the step finished before it failed
                         seq.emit("finished", seq.finish_reason)
             return True
 
@@ -284,15 +288,23 @@ class Engine:
                        should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
         """Wait (or step inline when no loop thread runs) until every seq has finished.
 
-        ``should_cancel`` is polled while waiting; once it returns True every unfinished seq is aborted
+        Sequences with an :class:`~engine.request.EventInbox` have their events delivered on this thread
+        while it waits (it sleeps on the inbox, or on the sequences' ``done``, never busy-polls). Returns
+        once each seq's ``finished`` event has been emitted and delivered. ``should_cancel`` is polled at
+        least every ``CANCEL_POLL_S`` while waiting; once it returns True every unfinished seq is aborted
         (finish_reason ``abort``, KV freed) and the call returns when they have ended.
 
         Raises:
             TimeoutError: not finished within ``timeout_s`` seconds.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        inboxes = list({id(s.inbox): s.inbox for s in seqs if s.inbox is not None}.values())
         canceled = False
-        while not all(s.finished for s in seqs):
+        while True:
+            if all(s.done.is_set() for s in seqs):
+                for box in inboxes:  # "finished" is queued before done is set: deliver what is left
+                    box.deliver(0)
+                return seqs
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("sequences did not finish in time")
             if not canceled and should_cancel is not None and should_cancel():
@@ -301,12 +313,17 @@ class Engine:
                     if not s.finished:
                         self.abort(s)
             if self._thread is None:
-                if not self.step() and not all(s.finished for s in seqs):
+                if not self.step() and not all(s.done.is_set() for s in seqs):
                     with self._on_stream():
                         self._drain()
+                for box in inboxes:
+                    box.deliver(0)
+            elif inboxes:
+                inboxes[0].deliver(CANCEL_POLL_S)
+                for box in inboxes[1:]:
+                    box.deliver(0)
             else:
-                time.sleep(0.002)
-        return seqs
+                next(s for s in seqs if not s.done.is_set()).done.wait(CANCEL_POLL_S)
 
     def generate(self, seqs: list[Sequence]) -> list[Sequence]:
         """Submit and run ``seqs`` to completion (convenience for tests and the CLI)."""

@@ -68,12 +68,12 @@ class OverlapLoop:
         if batch is None:
             if self.pending is None:
                 return False
-            self._complete(self.pending)
+            _emit_finished(self._complete(self.pending))
             self.pending = None
             return True
         if any(s.logits_processor is not None for s, _ in batch.items):
             if self.pending is not None:
-                self._complete(self.pending)
+                _emit_finished(self._complete(self.pending))
                 self.pending = None
             batch.items = [(s, n) for s, n in batch.items if not s.finished]
             batch.admitted = [s for s in batch.admitted if not s.finished]
@@ -81,10 +81,11 @@ class OverlapLoop:
                 e._run(batch)
             return True
         t0 = time.perf_counter()
+        done: list[Sequence] = []
         try:
             launched = self._launch(batch)
             if self.pending is not None:
-                self._complete(self.pending)
+                done = self._complete(self.pending)
         except Exception as exc:  # noqa: BLE001 - as the sync loop: a failed step ends its sequences only
             self._fail(batch, exc)
             return True
@@ -95,6 +96,7 @@ class OverlapLoop:
                 seq.timings.decode_s += dt
             else:
                 seq.timings.prefill_s += dt
+        _emit_finished(done)  # after the accounting: a waiter woken by it reads the final timings
         return True
 
     def _fail(self, batch: ScheduledBatch, exc: Exception) -> None:
@@ -108,6 +110,7 @@ class OverlapLoop:
             if not seq.finished:
                 seq.error = f"{type(exc).__name__}: {exc}"
                 self.e.scheduler.finish(seq, FinishReason.ERROR)
+            if not seq.done.is_set():  # also those a partly applied step finished before it failed
                 seq.emit("finished", seq.finish_reason)
 
     def _launch(self, batch: ScheduledBatch) -> _InFlight:
@@ -154,9 +157,10 @@ class OverlapLoop:
                 seq.output_ids.append(PLACEHOLDER)
         return _InFlight(batch, sampled, host, event, batch.num_prefill_tokens)
 
-    def _complete(self, p: _InFlight) -> None:
+    def _complete(self, p: _InFlight) -> list[Sequence]:
         """Apply a finished step's tokens and the stop rules of :meth:`Scheduler.commit` (EOS unless
-        ``ignore_eos``, then the stop checker, then the length budget), one step late."""
+        ``ignore_eos``, then the stop checker, then the length budget), one step late. Returns the
+        sequences it finished; the caller emits their ``finished`` once its accounting is done."""
         e = self.e
         if p.event is not None:
             p.event.synchronize()
@@ -181,10 +185,14 @@ class OverlapLoop:
                 done.append(seq)
             else:
                 seq.output_ids.extend(ahead)
-        for seq in done:
-            seq.emit("finished", seq.finish_reason)
         e.counters["steps"] += 1
         e.counters["prefill_tokens"] += p.n_prefill
         e.counters["decode_tokens"] += applied
         e.counters["finished"] += len(done)
         e._recent.append((now, p.n_prefill + applied))
+        return done
+
+
+def _emit_finished(done: list[Sequence]) -> None:
+    for seq in done:
+        seq.emit("finished", seq.finish_reason)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,6 +84,11 @@ class Sequence:
         logits_processor: optional per-step hook on this sequence's float32 ``[vocab]`` logits (host).
         stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
         on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
+            Called on the engine loop thread, unless ``inbox`` is set: then the loop thread only queues the
+            event and the thread waiting in :meth:`engine.Engine.run_until_done` calls it.
+        inbox: optional :class:`EventInbox` shared by a request's sequences (see there).
+        done: set once the ``"finished"`` event has been emitted, after the step's accounting (timings,
+            output) is complete: a waiter that sees it reads final values.
         admission_class: the scheduler's admission class (the service's duration class: ``"short"``,
             ``"long"``); classes have their own running limits (``EngineConfig.admission_limits``) and a
             sequence that must wait never holds back another class's.
@@ -100,6 +107,7 @@ class Sequence:
     logits_processor: LogitsProcessor | None = None
     stop_checker: StopChecker | None = None
     on_event: Callable[[Sequence, str, Any], None] | None = None
+    inbox: EventInbox | None = None
     admission_class: str = "default"
     tag: Any = None
     id: int = field(default_factory=lambda: next(_ids))
@@ -114,6 +122,7 @@ class Sequence:
     reserved: int = 0
     mm_state: dict[str, Any] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
+    done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def prompt_len(self) -> int:
@@ -136,8 +145,52 @@ class Sequence:
         return self.prompt_ids[pos] if pos < self.prompt_len else self.output_ids[pos - self.prompt_len]
 
     def emit(self, kind: str, payload: Any = None) -> None:
-        if self.on_event is not None:
+        """Deliver an event (to ``inbox`` when set, else to ``on_event`` at once); ``finished`` sets ``done``."""
+        if self.inbox is not None:
+            self.inbox.put(self, kind, payload)
+        elif self.on_event is not None:
             self.on_event(self, kind, payload)
+        if kind == "finished":
+            self.done.set()
+
+
+class EventInbox:
+    """One request's engine events, queued by the engine loop thread and delivered on the waiting thread.
+
+    A request (say, a recording's windows) puts one inbox on each of its sequences before submitting them;
+    the engine loop thread then only appends ``(seq, kind, payload)`` here, and
+    :meth:`engine.Engine.run_until_done` calls each sequence's ``on_event`` from the thread that waits. So
+    the request's own work (detokenising, coalescing, the service's callbacks) never runs on, nor slows, the
+    thread that drives the GPU, and the waiter sleeps until there is something to do instead of polling.
+    Events of one sequence keep their order.
+    """
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[Sequence, str, Any]] = queue.SimpleQueue()
+
+    def put(self, seq: Sequence, kind: str, payload: Any) -> None:
+        """Queue one event (called by the engine loop thread; never blocks)."""
+        self._q.put((seq, kind, payload))
+
+    def deliver(self, timeout_s: float) -> int:
+        """Call ``on_event`` for every queued event, waiting up to ``timeout_s`` seconds for the first.
+
+        Returns the number delivered (0 on timeout). Exceptions of a callback propagate to the caller.
+        """
+        try:
+            item = self._q.get(timeout=timeout_s) if timeout_s > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return 0
+        n = 0
+        while True:
+            seq, kind, payload = item
+            if seq.on_event is not None:
+                seq.on_event(seq, kind, payload)
+            n += 1
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return n
 
 
 def stop_reason(seq: Sequence, token: int) -> FinishReason | None:

@@ -33,6 +33,21 @@ def teacher_forcing(logs: dict, every: int):
     return record
 
 
+def wav_bytes(seconds: float = 0.1, rate: int = 16_000) -> bytes:
+    """A valid mono int16 WAV of ``seconds`` of silence: audio a worker can decode (it decodes before the
+    engine call), for tests about what happens around the engine."""
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return buf.getvalue()
+
+
 def data_file(rel: str) -> Path:
     """A file under the shared data folder; skips the test when it is not there."""
     p = DATA / rel

@@ -11,7 +11,7 @@ import numpy as np
 from engine.engine import Engine
 from transcription.moss_td_pipeline import build_moss_sequence, moss_result
 from transcription.progress import EventFn
-from engine.request import FinishReason, Sequence
+from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 
 
@@ -66,7 +66,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                 if rest:
                     on_event("delta", {"text": rest})
 
-    seq.on_event = listener
+    seq.on_event, seq.inbox = listener, EventInbox()  # the listener runs on this thread, not the loop's
     engine.submit(seq)
     engine.run_until_done([seq], should_cancel=should_cancel)
     if seq.finish_reason == FinishReason.ERROR:

@@ -15,13 +15,13 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
+from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from engine.engine import Engine
 from transcription.whisper_decoding import (
@@ -32,7 +32,7 @@ from transcription.whisper_decoding import (
 )
 from transcription.progress import EventFn, WindowProgress
 from transcription.repetition import RepetitionGuard
-from engine.request import FinishReason, RequestRejected, Sequence
+from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
 from engine.streaming import IncrementalDetokenizer
 from transcription.windows import Window, pack_windows
 
@@ -119,7 +119,8 @@ class Transcriber:
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
                    on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
-        """Transcribe a recording (path, bytes or binary file object).
+        """Transcribe a recording (path, bytes, binary file object, or audio its caller decoded:
+        :class:`transcription.audio.DecodedAudio`).
 
         Returns:
             A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
@@ -144,7 +145,11 @@ class Transcriber:
                                   f"{self.engine.loaded.info.get('name')} transcribes English only; "
                                   f"language={opts.language!r} was asked for")
         t0 = time.perf_counter()
-        audio = decode_audio(source, mono=not opts.multichannel)
+        if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
+            audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
+                source, samples=source.samples.mean(axis=0, keepdims=True))
+        else:
+            audio = decode_audio(source, mono=not opts.multichannel)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
@@ -226,6 +231,7 @@ class Transcriber:
         prompt = whisper_prompt(self.tokens, prompt_ids)
         progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
         seqs: list[Sequence] = []
+        inbox = EventInbox()  # listeners run on this thread, not the engine's loop thread
         keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
         for i, w in enumerate(windows):
             chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
@@ -240,7 +246,7 @@ class Transcriber:
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
                            stop_checker=guard, tag=i, admission_class=opts.admission_class)
-            seq.on_event = self._make_listener(i, detok, progress, w)
+            seq.on_event, seq.inbox = self._make_listener(i, detok, progress, w), inbox
             seqs.append(seq)
         for seq in seqs:
             self.engine.submit(seq)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER, PCM_HEADER
 from diarist.logs import current_job_id
 from worker.cancel import CancelToken
 from diarist.outages import Dependency
@@ -87,6 +88,11 @@ class InProcessEngineClient:
 class HttpEngineClient:
     """Streams ``POST /internal/transcribe`` of a ``diarist engine`` server (newline-delimited JSON events).
 
+    The audio is decoded here (PyAV, 16 kHz float32) and sent as samples (:class:`diarist.engine_wire.PcmFormat`):
+    the engine process, whose loop thread drives the GPU, then spends no CPU on FFmpeg
+    (``benchmarks/results/service_h200.md``). Undecodable audio fails here with the decoder's code, before
+    any engine call; the result's ``metrics.worker_decode_s`` is the decode time (seconds).
+
     The last line is ``{"type": "result", "result": {...}}`` or ``{"type": "error", "code", "message"}``.
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
     Once ``cancel`` is set the stream's socket is shut down from the cancelling thread, even while this
@@ -104,8 +110,19 @@ class HttpEngineClient:
                    cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         import httpx
 
+        from transcription.audio.decode import AudioError, decode_audio
+
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
-        headers = {"content-type": "application/octet-stream",
+        if cancel is not None and cancel.is_set():
+            raise JobFailure("canceled", "the job was canceled; engine request closed")
+        t0 = time.perf_counter()
+        try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
+            decoded = decode_audio(audio, mono=not options.get("multichannel"))
+        except AudioError as e:
+            raise JobFailure(e.code, e.message) from e
+        decode_s = time.perf_counter() - t0
+        pcm = decoded.pcm_format()
+        headers = {"content-type": "application/octet-stream", PCM_HEADER: pcm.to_header(),
                    OPTIONS_HEADER: json.dumps(params, ensure_ascii=True), ADMISSION_CLASS_HEADER: admission_class}
         if (job_id := current_job_id()) is not None:
             headers[JOB_ID_HEADER] = job_id
@@ -115,8 +132,9 @@ class HttpEngineClient:
             raise canceled
         unregister = lambda: None  # noqa: E731
         try:
-            with open(audio, "rb") as f, httpx.Client(timeout=timeout) as client, client.stream(
-                    "POST", f"{self.url}/internal/transcribe", content=f, headers=headers) as r:
+            with httpx.Client(timeout=timeout) as client, client.stream(
+                    "POST", f"{self.url}/internal/transcribe", content=decoded.pcm_chunks(),
+                    headers={**headers, "content-length": str(pcm.nbytes)}) as r:
                 if cancel is not None:
                     unregister = cancel.add_callback(lambda: _shutdown(r))
                 if r.status_code >= 400:
@@ -130,7 +148,9 @@ class HttpEngineClient:
                     msg = json.loads(line)
                     kind = msg.pop("type")
                     if kind == "result":
-                        return msg["result"]
+                        result = msg["result"]
+                        result.setdefault("metrics", {})["worker_decode_s"] = decode_s
+                        return result
                     if kind == "error":
                         raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
                     if on_event is not None:

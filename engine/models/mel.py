@@ -14,8 +14,8 @@ import functools
 import torch
 import torchaudio
 
-SAMPLE_RATE = 16_000
-"""Samples per second of every waveform the models take (mono float32); the pipeline resamples to it."""
+from engine.models.audio_input import SAMPLE_RATE
+
 N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_SAMPLES = 480_000

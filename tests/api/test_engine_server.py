@@ -60,12 +60,67 @@ def test_http_client_maps_a_dead_server_to_an_engine_outage(tmp_path):
     """Nothing listening: the engine is down, not the job at fault (waited out, no attempt spent)."""
     from diarist.outages import Dependency
 
-    f = tmp_path / "a.wav"
-    f.write_bytes(b"x")
+    f = data_file("en_jfk_inaugural/jfk.flac")
     with pytest.raises(JobFailure) as e:
         HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, {})
     assert (e.value.code, e.value.retryable, e.value.outage) == ("engine_unavailable", True, Dependency.ENGINE)
     assert not HttpEngineClient("http://127.0.0.1:9").ready()
+
+
+def test_http_client_refuses_bad_audio_before_calling_the_engine(tmp_path):
+    """The worker decodes: a file that is not audio fails with the decoder's code and spends no attempt,
+    whether or not an engine is up (nothing listens on port 9)."""
+    f = tmp_path / "a.wav"
+    f.write_bytes(b"x")
+    with pytest.raises(JobFailure) as e:
+        HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, {})
+    assert (e.value.code, e.value.retryable, e.value.outage) == ("decode_failed", False, None)
+
+
+def _pcm_post(engine_client, audio, fmt_header: str, body: bytes, options: dict | None = None) -> list[dict]:
+    from diarist.engine_wire import OPTIONS_HEADER, PCM_HEADER
+
+    headers = {PCM_HEADER: fmt_header, OPTIONS_HEADER: json.dumps(options or {})}
+    with engine_client.stream("POST", "/internal/transcribe", content=body, headers=headers) as r:
+        if r.status_code != 200:
+            r.read()
+            return [{"status": r.status_code, **r.json()}]
+        return [json.loads(x) for x in r.iter_lines() if x]
+
+
+def test_decoded_audio_gives_the_same_transcript_as_the_file(engine_client):
+    """What workers send (samples + PcmFormat) is transcribed exactly as the file the server decodes itself."""
+    from transcription.audio import decode_audio
+
+    path = data_file("en_jfk_inaugural/jfk.flac")
+    audio = decode_audio(path)
+    fmt = audio.pcm_format()
+    assert (fmt.channels, fmt.frames, fmt.sample_rate, fmt.codec) == (1, audio.samples.shape[1], 16_000, "flac")
+    pcm = _pcm_post(engine_client, audio, fmt.to_header(), b"".join(audio.pcm_chunks(1000)), {"num_speakers": 1})
+    with engine_client.stream("POST", "/internal/transcribe", params={"options": json.dumps({"num_speakers": 1})},
+                              content=path.read_bytes()) as r:
+        file = [json.loads(x) for x in r.iter_lines() if x]
+    assert pcm[-1]["type"] == file[-1]["type"] == "result"
+    a, b = pcm[-1]["result"], file[-1]["result"]
+    assert a["segments"] == b["segments"] and a["duration"] == b["duration"]
+    assert a["metrics"]["output_tokens"] == b["metrics"]["output_tokens"] > 0
+
+
+def test_decoded_audio_that_does_not_match_its_header_is_refused(engine_client):
+    from diarist.engine_wire import PcmFormat
+
+    fmt = PcmFormat(channels=1, frames=16_000, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
+    short = _pcm_post(engine_client, None, fmt.to_header(), b"\0" * (fmt.nbytes - 4))
+    assert short[-1]["status"] == 422 and short[-1]["error"]["code"] == "invalid_pcm"
+    long = _pcm_post(engine_client, None, fmt.to_header(), b"\0" * (fmt.nbytes + 4))
+    assert long[-1]["status"] == 422 and long[-1]["error"]["code"] == "invalid_pcm"
+    rate = PcmFormat(channels=1, frames=4, sample_rate=44_100, source_sample_rate=44_100, source_channels=1)
+    wrong = _pcm_post(engine_client, None, rate.to_header(), b"\0" * rate.nbytes)
+    assert wrong[-1]["status"] == 422 and wrong[-1]["error"]["code"] == "invalid_pcm"
+    for bad in ("not json", json.dumps({"channels": 1}), json.dumps({**vars(fmt), "frames": -1}),
+                json.dumps({**vars(fmt), "frames": "16000"})):
+        r = _pcm_post(engine_client, None, bad, b"")
+        assert r[-1]["status"] == 422 and r[-1]["error"]["code"] == "invalid_request", bad
 
 
 def test_worker_process_never_imports_torch():

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from diarist import jobs
+from tests.conftest import wav_bytes
 from diarist.models import Job
 from worker.cancel import CancelToken
 from worker.engine_client import JobFailure
@@ -111,7 +112,7 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     audio = tmp_path / "a.wav"
-    audio.write_bytes(b"RIFF....")
+    audio.write_bytes(wav_bytes(0.5))
     try:
         with job_context("job_" + "0" * 32):
             out = HttpEngineClient(f"http://127.0.0.1:{srv.server_address[1]}").transcribe(
@@ -119,7 +120,10 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
-    assert out == {"segments": []}
+    assert out["segments"] == [] and out["metrics"]["worker_decode_s"] >= 0
     assert seen["path"] == "/internal/transcribe"
+    # the worker decoded the file: the body is its samples, described by the PCM header
+    assert json.loads(seen["headers"]["x-diarist-pcm"])["frames"] == 8000
+    assert seen["headers"]["content-length"] == str(8000 * 4)
     assert json.loads(seen["headers"]["x-diarist-options"]) == {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2}
     assert seen["headers"]["x-diarist-job-id"] == "job_" + "0" * 32

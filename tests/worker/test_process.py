@@ -7,6 +7,7 @@ import io
 import pytest
 
 from diarist import jobs
+from tests.conftest import wav_bytes
 from diarist.models import Job
 from worker.engine_client import HttpEngineClient, JobFailure
 from worker.process import process_job
@@ -41,7 +42,7 @@ def test_unknown_job_is_skipped(rt):
 
 
 def test_engine_down_waits_without_spending_attempts_then_fails_past_the_outage_bound(rt, make_job):
-    rt.services.store.put_file("jobs/a/audio", io.BytesIO(b"RIFF...."))
+    rt.services.store.put_file("jobs/a/audio", io.BytesIO(wav_bytes()))
     job_id = make_job(audio_key="jobs/a/audio")
     for n in range(4):  # more than engine_attempts (2): an outage spends none
         out = process_job(rt, job_id, redeliveries=n)
@@ -65,7 +66,7 @@ def test_engine_dropping_the_request_spends_attempts_then_fails_with_engine_erro
             raise JobFailure("engine_error", "engine server dropped the request", retryable=True)
 
     rt.engine = DroppingEngine()
-    rt.services.store.put_file("jobs/a/audio", io.BytesIO(b"RIFF...."))
+    rt.services.store.put_file("jobs/a/audio", io.BytesIO(wav_bytes()))
     job_id = make_job(audio_key="jobs/a/audio")
     first = process_job(rt, job_id)
     assert (first.state, first.code, first.delay_s) == ("retry", "engine_error", 0.25)
@@ -119,7 +120,7 @@ def test_a_job_canceled_mid_run_is_skipped_not_failed(rt, make_job):
             raise JobFailure("canceled", "the job was canceled; engine request closed")
 
     rt.engine = CancelingEngine()
-    rt.services.store.put_file("jobs/c/audio", io.BytesIO(b"RIFF...."))
+    rt.services.store.put_file("jobs/c/audio", io.BytesIO(wav_bytes()))
     job_id = make_job(audio_key="jobs/c/audio")
     assert process_job(rt, job_id).state == "skipped"
     job = row(rt.services, job_id)
@@ -169,7 +170,7 @@ def test_storage_down_after_the_engine_is_waited_out_and_the_job_completes_once(
     from tests.worker.fakes import ResultEngine
 
     rt.engine = ResultEngine()
-    rt.services.store.put_file("jobs/s/audio", io.BytesIO(b"RIFF...."))
+    rt.services.store.put_file("jobs/s/audio", io.BytesIO(wav_bytes()))
     job_id = make_job(audio_key="jobs/s/audio")
     real_put, failures = rt.services.store.put_bytes, []
 

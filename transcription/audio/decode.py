@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -10,14 +11,16 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-from engine.models.mel import SAMPLE_RATE
+from diarist.engine_wire import PcmFormat
+from engine.models.audio_input import SAMPLE_RATE
 
 
 class AudioError(ValueError):
     """Bad audio input. ``code`` is a stable machine code for API errors.
 
     Codes: ``decode_failed`` (not a media file, or corrupt), ``no_audio_stream`` (a container with no audio,
-    e.g. a video without sound), ``empty_audio`` (zero samples after decoding).
+    e.g. a video without sound), ``empty_audio`` (zero samples after decoding), ``invalid_pcm`` (a decoded
+    body from a worker that does not match its header).
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -52,6 +55,34 @@ class DecodedAudio:
     def mono(self) -> np.ndarray:
         """float32 ``[n]``: the mean of the channels."""
         return self.samples.mean(axis=0) if self.samples.shape[0] > 1 else self.samples[0]
+
+    def pcm_format(self) -> PcmFormat:
+        """The wire layout of :meth:`pcm_bytes` (``diarist.engine_wire``)."""
+        return PcmFormat(channels=self.samples.shape[0], frames=self.samples.shape[1], sample_rate=SAMPLE_RATE,
+                         source_sample_rate=self.source_sample_rate, source_channels=self.source_channels,
+                         codec=self.codec, container=self.container)
+
+    def pcm_chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The samples as float32 little endian, channel-major, in pieces of ``chunk_bytes`` (a request body
+        streamed without one whole-recording copy)."""
+        view = memoryview(np.ascontiguousarray(self.samples, dtype="<f4")).cast("B")
+        for i in range(0, len(view), chunk_bytes):
+            yield bytes(view[i : i + chunk_bytes])
+
+    @classmethod
+    def from_pcm(cls, fmt: PcmFormat, body: bytes | bytearray) -> DecodedAudio:
+        """Rebuild what :meth:`pcm_format` and :meth:`pcm_chunks` sent (no copy of ``body``).
+
+        Raises:
+            AudioError: ``invalid_pcm`` when the body's size or rate does not match ``fmt``.
+        """
+        if fmt.sample_rate != SAMPLE_RATE:
+            raise AudioError("invalid_pcm", f"PCM at {fmt.sample_rate} Hz; the engine takes {SAMPLE_RATE} Hz")
+        if len(body) != fmt.nbytes:
+            raise AudioError("invalid_pcm", f"PCM body of {len(body)} bytes; the header says {fmt.nbytes}")
+        samples = np.frombuffer(body, dtype="<f4").reshape(fmt.channels, fmt.frames)
+        return cls(samples=samples, source_sample_rate=fmt.source_sample_rate,
+                   source_channels=fmt.source_channels, codec=fmt.codec, container=fmt.container)
 
 
 Source = str | Path | bytes | BinaryIO
