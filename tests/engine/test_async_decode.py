@@ -260,3 +260,41 @@ def test_prompts_ending_at_chunk_boundaries(async_decode, chunk):
         ref = alone.generate([Sequence(prompt_ids=s.prompt_ids, max_new_tokens=5, ignore_eos=True)])[0]
         assert s.output_ids == ref.output_ids and len(s.output_ids) == 5, s.prompt_len
     assert eng.allocator.num_free == eng.allocator.num_slots
+
+
+@pytest.mark.parametrize("async_decode", [False, True])
+def test_a_finished_event_sees_final_timings_and_events_arrive_on_the_waiting_thread(async_decode):
+    """With a loop thread: what a waiter reads when ``finished`` reaches it (the service stores it as the job's
+    metrics) is what the engine holds once it is idle, and every event of an inboxed request is delivered on
+    the thread that waits, in order (token events, then finished)."""
+    import threading
+
+    from engine.request import EventInbox
+
+    e = _engine(async_decode)
+    e.start()
+    try:
+        seqs, seen, threads, snap = _requests(11), {}, set(), {}
+        inbox = EventInbox()
+
+        def listener(s: Sequence, kind: str, payload) -> None:
+            threads.add(threading.get_ident())
+            seen.setdefault(s.tag, []).append(kind)
+            if kind == "finished":
+                t = s.timings
+                snap[s.tag] = (t.encoder_s, t.prefill_s, t.decode_s, len(s.output_ids))
+
+        for s in seqs:
+            s.on_event, s.inbox = listener, inbox
+            e.submit(s)
+        e.run_until_done(seqs, timeout_s=120)
+        e.run_until_done([], timeout_s=1)
+    finally:
+        e.shutdown()
+    assert threads == {threading.get_ident()}
+    for s in seqs:
+        t = s.timings
+        assert snap[s.tag] == (t.encoder_s, t.prefill_s, t.decode_s, len(s.output_ids)), s.tag
+        kinds = seen[s.tag]
+        assert kinds[-1] == "finished" and kinds.count("finished") == 1
+        assert kinds.count("token") == len(s.output_ids)
