@@ -172,8 +172,10 @@ def analyse(wl: dict, client: dict, rows: list[dict], seqs: list[dict], engine: 
         "celery_queue_wait_s": mean(r["started_at"] - r["created_at"] for r in done),
         "worker_fetch_audio_s": mean(r.get("worker_fetch_s") for r in done),
         "worker_engine_call_s": mean(r.get("worker_engine_s") for r in done),
-        "http_stream_overhead_s": mean(r["worker_engine_s"] - r["processing_s"] for r in done if "worker_engine_s" in r),
-        "audio_decode_s": mean(r.get("audio_decode_s") for r in done),
+        "http_stream_overhead_s": mean(r["worker_engine_s"] - r["processing_s"] - r.get("worker_decode_s", 0.0)
+                                       for r in done if "worker_engine_s" in r),
+        "audio_decode_s": mean(r.get("audio_decode_s", 0.0) + r.get("worker_decode_s", 0.0) for r in done),
+        "audio_decode_in_worker_s": mean(r.get("worker_decode_s") for r in done),
         "engine_queue_wait_s": mean(r["queue_wait_s"] for r in done),
         "engine_wall_s": mean(s["wall_s"] for _, s in matched),
         "transcriber_other_s": mean(r["processing_s"] - r.get("audio_decode_s", 0) - s["wall_s"] for r, s in matched),
@@ -230,6 +232,9 @@ def main() -> int:
     ap.add_argument("--broker", choices=("auto", "redis", "filesystem"), default="auto",
                     help="production topology's broker (auto: redis when redis-server is on the PATH)")
     ap.add_argument("--max-running", type=int, default=64, help="engine rows (DIARIST_ENGINE_MAX_RUNNING_REQUESTS)")
+    ap.add_argument("--worker-processes", type=int, default=1,
+                    help="production: `diarist worker` processes per transcription class, sharing its threads")
+    ap.add_argument("--api-workers", type=int, default=1, help="production: `diarist serve --workers`")
     ap.add_argument("--poll-s", type=float, default=0.05)
     ap.add_argument("--timeout", type=float, default=420.0,
                     help="per workload and topology (s): jobs not final by then count as lost")

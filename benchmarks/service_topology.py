@@ -9,6 +9,7 @@ stack builds, honoured only with dummy MOSS-TD weights, never part of a request.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -195,8 +196,11 @@ class Production:
         from diarist.settings import Settings
 
         st = Settings(engine_max_running_requests=args.max_running)
-        self.describe = (f"production-shaped: API, workers (short {st.worker_threads('short')} + long "
-                         f"{st.worker_threads('long')} threads, one process each) and the engine server as "
+        self.procs_per_class = args.worker_processes
+        self.threads = {k: math.ceil(st.worker_threads(k) / self.procs_per_class) for k in ("short", "long")}
+        self.describe = (f"production-shaped: API ({args.api_workers} process(es)), workers (short "
+                         f"{self.procs_per_class} x {self.threads['short']} + long {self.procs_per_class} x "
+                         f"{self.threads['long']} threads: processes x threads) and the engine server as "
                          f"separate processes over loopback HTTP; broker {broker.split(':')[0]}"
                          f"{'' if self.redis or args.broker == 'filesystem' else ' (no redis-server here)'}; SQLite shared")
 
@@ -220,10 +224,11 @@ class Production:
                              "--engine-only-out", str(self.dir / "engine_only.json"), log="engine")
         _wait_http(f"{self.engine_url}/health", engine, self.args.start_timeout)
         for klass in ("short", "long"):
-            self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
-                        log=f"worker-{klass}")
+            for i in range(self.procs_per_class):
+                self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
+                            "--concurrency", str(self.threads[klass]), log=f"worker-{klass}-{i}")
         api = self._spawn(py, "-m", "diarist.cli", "serve", "--host", "127.0.0.1", "--port", str(self.api_port),
-                          log="api")
+                          "--workers", str(self.args.api_workers), log="api")
         url = f"http://127.0.0.1:{self.api_port}"
         _wait_http(f"{url}/readyz", api, 60)
         time.sleep(2.0)  # the workers' consumers: nothing answers for them, and a job waits for them anyway

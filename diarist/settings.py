@@ -138,6 +138,10 @@ class Settings(BaseSettings):
     # -- API and limits -------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="API listen address (`diarist serve`).")
     port: int = Field(8000, description="API listen port.")
+    api_workers: int = Field(1, ge=1, description="API processes of `diarist serve` (uvicorn workers, one port): "
+                             "uploads are parsed, hashed and stored on the API's CPU, so a node that takes "
+                             "hundreds of short jobs a second, or many long uploads at once, needs several. "
+                             "Prometheus counters of the API are then per process (each scrape sees one).")
     auth: bool | None = Field(None, description="Bearer API keys; None = on, except in embedded mode.")
     max_upload_bytes: int = Field(2 * 1024**3, description="Larger uploads or downloads get 413.")
     max_duration_s: float = Field(5400.0, description="Longer audio gets 422 too_long (90 min).")

@@ -1,4 +1,4 @@
-"""``diarist serve [--embedded] [--host H] [--port P]``: run the HTTP API.
+"""``diarist serve [--embedded] [--host H] [--port P] [--workers N]``: run the HTTP API.
 
 ``--embedded``: the whole stack in this process (SQLite, local object store, in-memory Celery broker with
 worker threads, the engine in-process); API keys are off unless ``DIARIST_AUTH=true``. Without it: the API
@@ -21,6 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")
     p.add_argument("--data-dir", default=None, help="embedded mode's data folder (default DIARIST_DATA_DIR or .diarist)")
+    p.add_argument("--workers", type=int, default=None, help="API processes on the one port (default "
+                   "DIARIST_API_WORKERS, 1); not with --embedded")
     p.add_argument("--device", default=None, help="embedded mode's engine device: cpu, cuda or cuda:N "
                    "(default DIARIST_DEVICE, cpu)")
     p.set_defaults(func=run)
@@ -35,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
     st = Settings()
     configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.host, args.port or st.port
+    if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):
+        print("diarist serve: --workers takes a count >= 1 and runs the API only (not with --embedded, whose "
+              "one process holds the engine)", flush=True)
+        return 2
     if args.embedded or st.embedded:
         from diarist.commands.stack import EmbeddedStack, embedded_settings
 
@@ -50,12 +56,26 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    workers = args.workers or st.api_workers
+    if workers > 1:  # each process builds its own services from the same settings (the factory below)
+        uvicorn.run("diarist.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,
+                    log_level=st.log_level.lower(), lifespan="on", log_config=None)
+    else:
+        uvicorn.run(create_api(), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",
+                    log_config=None)  # our handler (diarist.logs) formats uvicorn's lines too
+    return 0
+
+
+def create_api() -> Any:
+    """The API app on the configured Postgres / Redis / S3 (``Settings()``), for one uvicorn process."""
     from api.app import create_app
+    from diarist.logs import configure_logging
     from diarist.services import Services
+    from diarist.settings import Settings
     from worker.celery_app import CeleryDispatcher, configure
 
+    st = Settings()
+    configure_logging(st.log_format, st.log_level)
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
-    uvicorn.run(create_app(services), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",
-                log_config=None)  # our handler (diarist.logs) formats uvicorn's lines too
-    return 0
+    return create_app(services)
