@@ -170,6 +170,17 @@ class Embedded:
         self.engine.submit = self.log._submit
 
 
+def _runnable(binary: str | None) -> str | None:
+    """``binary`` if it runs here (a copied redis-server may miss a shared library), else None."""
+    if binary is None:
+        return None
+    try:
+        ok = subprocess.run([binary, "--version"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return binary if ok else None
+
+
 class Production:
     """API (``diarist serve``), one ``diarist worker`` process per transcription class and the engine server
     (:func:`serve_engine`) as separate processes on loopback. Broker (``--broker``): Redis when asked or, with
@@ -181,7 +192,7 @@ class Production:
     def __init__(self, args: Any, data_dir: Path, workload: dict) -> None:
         self.args, self.dir, self.workload = args, data_dir, workload
         self.procs: list[subprocess.Popen] = []
-        self.redis = shutil.which("redis-server") if args.broker in ("auto", "redis") else None
+        self.redis = _runnable(shutil.which("redis-server")) if args.broker in ("auto", "redis") else None
         if args.broker == "redis" and not self.redis:
             raise RuntimeError("--broker redis: no redis-server on the PATH")
         self.engine_port, self.api_port = free_port(), free_port()

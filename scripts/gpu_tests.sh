@@ -60,6 +60,9 @@ fi
 export PYTHONUNBUFFERED=1
 
 if [[ $MODE == bench ]]; then
+  if [[ -x .whl/redis/redis-server ]]; then  # scripts/gpu_wheels.sh: a broker for the production topology
+    export PATH="$PWD/.whl/redis:$PATH" LD_LIBRARY_PATH="$PWD/.whl/redis${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
   exec "$PY" benchmarks/bench_service_gpu.py ${COMMIT:+--commit "$COMMIT"} "${BENCH_ARGS[@]}"
 fi
 

@@ -45,6 +45,7 @@ SERVICE_WHEELS=(
   celery==5.7.0 kombu==5.7.0 billiard==4.3.2 vine==5.1.0 amqp==5.4.2 tzlocal==5.4.5
   click-didyoumean==0.3.1 click-plugins==1.1.1.2 click-repl==0.4.1 prompt_toolkit==3.0.53 wcwidth==0.9.4
   sqlalchemy==2.1.9 greenlet==3.5.6 alembic==1.20.1 mako==1.4.3
+  redis==8.1.0                   # kombu's Redis transport, for the redis-server copied below
 )
 SERVICE_SDISTS=(srt==3.5.3)      # pure Python with no wheel on PyPI: built here into a py3-none-any wheel
 TEST_WHEELS=(silero-vad==6.2.3)  # 11 MiB of ONNX/JIT models; only the Whisper transcriber's VAD needs it
@@ -63,6 +64,19 @@ trap 'rm -rf "$work"' EXIT
 echo "== service wheels -> .whl/"
 $PIP download -q --no-deps "${PLATFORM[@]}" -d .whl "${SERVICE_WHEELS[@]}" 2>&1 | quiet
 $PIP wheel -q --no-deps -w .whl "${SERVICE_SDISTS[@]}" 2>&1 | quiet
+# The broker for the production-shaped benchmark: this machine's redis-server and the libraries the GPU
+# image may lack (gpu_tests.sh --bench puts .whl/redis on PATH / LD_LIBRARY_PATH; the benchmark falls back to
+# kombu's filesystem transport when the binary does not run there).
+if REDIS=$(command -v redis-server); then
+  mkdir -p .whl/redis
+  cp "$(readlink -f "$REDIS")" .whl/redis/redis-server
+  for lib in liblzf.so.1 libjemalloc.so.2 libatomic.so.1; do
+    path=$(ldd "$REDIS" | awk -v l="$lib" '$1 == l {print $3}')
+    [[ -n $path ]] && cp "$(readlink -f "$path")" ".whl/redis/$lib"
+  done
+else
+  echo "note: no redis-server here; the GPU benchmark will use the filesystem broker" >&2
+fi
 
 echo "== GPU-test extras -> .gpu/"
 mkdir -p "$work/payload/whl" "$work/payload/tiny_en" "$work/payload/data" "$work/dl"
