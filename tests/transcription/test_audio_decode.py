@@ -1,0 +1,69 @@
+"""The WAV fast path of ``decode_audio`` gives PyAV's samples exactly; everything else still goes through PyAV."""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from transcription.audio import decode as dec
+
+
+def _wav(path, samples: np.ndarray, rate: int, channels: int = 1) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.astype("<i2").tobytes())
+
+
+def _pyav(path, monkeypatch) -> dec.DecodedAudio:
+    with monkeypatch.context() as m:
+        m.setattr(dec, "_pcm16_wav", lambda source: None)
+        return dec.decode_audio(path)
+
+
+def test_16k_mono_pcm_wav_is_read_without_ffmpeg_and_equals_pyav(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.integers(-32768, 32768, 48_001), [-32768, 32767, 0]])
+    f = tmp_path / "a.wav"
+    _wav(f, x, 16_000)
+    fast = dec._pcm16_wav(f)
+    assert fast is not None
+    ref = _pyav(f, monkeypatch)
+    assert fast.samples.dtype == np.float32 and fast.samples.shape == ref.samples.shape == (1, x.size)
+    assert np.array_equal(fast.samples, ref.samples)
+    assert (fast.codec, fast.container, fast.source_sample_rate, fast.source_channels) == (
+        ref.codec, ref.container, ref.source_sample_rate, ref.source_channels)
+    assert np.array_equal(dec.decode_audio(f).samples, ref.samples)
+
+
+@pytest.mark.parametrize("rate, channels", [(44_100, 1), (16_000, 2), (8_000, 1)])
+def test_other_wavs_go_through_pyav(tmp_path, rate, channels):
+    f = tmp_path / "b.wav"
+    _wav(f, np.zeros(rate * channels // 10, np.int16), rate, channels)
+    assert dec._pcm16_wav(f) is None
+    out = dec.decode_audio(f)
+    assert out.samples.shape == (1, 1600) and out.source_sample_rate == rate and out.source_channels == channels
+
+
+def test_bytes_and_broken_files_take_the_pyav_path_and_its_error_codes(tmp_path):
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(b"")
+    assert dec._pcm16_wav(buf.getvalue()) is None  # not a path: PyAV
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(buf.getvalue())
+    with pytest.raises(dec.AudioError) as e:
+        dec.decode_audio(empty)
+    assert e.value.code == "empty_audio"
+    junk = tmp_path / "junk.wav"
+    junk.write_bytes(b"RIFF\x00\x00")
+    with pytest.raises(dec.AudioError) as e:
+        dec.decode_audio(junk)
+    assert e.value.code == "decode_failed"
