@@ -161,36 +161,44 @@ class EventInbox:
     the engine loop thread then only appends ``(seq, kind, payload)`` here, and
     :meth:`engine.Engine.run_until_done` calls each sequence's ``on_event`` from the thread that waits. So
     the request's own work (detokenising, coalescing, the service's callbacks) never runs on, nor slows, the
-    thread that drives the GPU, and the waiter sleeps until there is something to do instead of polling.
-    Events of one sequence keep their order.
+    thread that drives the GPU. ``batch_s`` (seconds): token events wait up to that long and are delivered
+    together, so a request's thread wakes a few times a second, not at every decode step, while ``started``
+    and ``finished`` wake it at once; 0 wakes it for every event. Events of one sequence keep their order.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, batch_s: float = 0.0) -> None:
+        if batch_s < 0:
+            raise ValueError(f"batch_s must be >= 0, not {batch_s}")
+        self.batch_s = batch_s
         self._q: queue.SimpleQueue[tuple[Sequence, str, Any]] = queue.SimpleQueue()
+        self._wake = threading.Event()
 
     def put(self, seq: Sequence, kind: str, payload: Any) -> None:
         """Queue one event (called by the engine loop thread; never blocks)."""
         self._q.put((seq, kind, payload))
+        if kind != "token" or self.batch_s == 0:
+            self._wake.set()
 
     def deliver(self, timeout_s: float) -> int:
-        """Call ``on_event`` for every queued event, waiting up to ``timeout_s`` seconds for the first.
+        """Call ``on_event`` for every queued event, first waiting up to ``min(timeout_s, batch_s)`` seconds
+        (``timeout_s`` when ``batch_s`` is 0) unless a ``started``/``finished`` event (or, with ``batch_s``
+        0, any event) is already there.
 
-        Returns the number delivered (0 on timeout). Exceptions of a callback propagate to the caller.
+        Returns the number delivered. Exceptions of a callback propagate to the caller.
         """
-        try:
-            item = self._q.get(timeout=timeout_s) if timeout_s > 0 else self._q.get_nowait()
-        except queue.Empty:
-            return 0
+        wait = min(timeout_s, self.batch_s) if self.batch_s > 0 else timeout_s
+        if wait > 0:
+            self._wake.wait(wait)
+        self._wake.clear()  # before draining: an event queued after the drain sets it again
         n = 0
         while True:
-            seq, kind, payload = item
+            try:
+                seq, kind, payload = self._q.get_nowait()
+            except queue.Empty:
+                return n
             if seq.on_event is not None:
                 seq.on_event(seq, kind, payload)
             n += 1
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                return n
 
 
 def stop_reason(seq: Sequence, token: int) -> FinishReason | None:

@@ -66,7 +66,8 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                 if rest:
                     on_event("delta", {"text": rest})
 
-    seq.on_event, seq.inbox = listener, EventInbox()  # the listener runs on this thread, not the loop's
+    # the listener runs on this thread, not the loop's; tokens reach it in batches of the delta coalescing window
+    seq.on_event, seq.inbox = listener, EventInbox(batch_s=engine.config.stream_interval_s)
     engine.submit(seq)
     engine.run_until_done([seq], should_cancel=should_cancel)
     if seq.finish_reason == FinishReason.ERROR:

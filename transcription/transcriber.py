@@ -231,7 +231,8 @@ class Transcriber:
         prompt = whisper_prompt(self.tokens, prompt_ids)
         progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
         seqs: list[Sequence] = []
-        inbox = EventInbox()  # listeners run on this thread, not the engine's loop thread
+        # listeners run on this thread, not the engine's loop thread; tokens come in batches of the delta window
+        inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
         keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
         for i, w in enumerate(windows):
             chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])

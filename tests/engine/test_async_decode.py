@@ -262,8 +262,8 @@ def test_prompts_ending_at_chunk_boundaries(async_decode, chunk):
     assert eng.allocator.num_free == eng.allocator.num_slots
 
 
-@pytest.mark.parametrize("async_decode", [False, True])
-def test_a_finished_event_sees_final_timings_and_events_arrive_on_the_waiting_thread(async_decode):
+@pytest.mark.parametrize("async_decode, batch_s", [(False, 0.0), (True, 0.0), (True, 0.02)])
+def test_a_finished_event_sees_final_timings_and_events_arrive_on_the_waiting_thread(async_decode, batch_s):
     """With a loop thread: what a waiter reads when ``finished`` reaches it (the service stores it as the job's
     metrics) is what the engine holds once it is idle, and every event of an inboxed request is delivered on
     the thread that waits, in order (token events, then finished)."""
@@ -275,7 +275,7 @@ def test_a_finished_event_sees_final_timings_and_events_arrive_on_the_waiting_th
     e.start()
     try:
         seqs, seen, threads, snap = _requests(11), {}, set(), {}
-        inbox = EventInbox()
+        inbox = EventInbox(batch_s=batch_s)
 
         def listener(s: Sequence, kind: str, payload) -> None:
             threads.add(threading.get_ident())
