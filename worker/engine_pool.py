@@ -39,8 +39,8 @@ class EnginePool:
     ``clients[0]`` is the worker's own engine and gets every job while it answers. When it does not (an
     outage), the job goes to the first of the others that answers, those with the fewest requests in
     flight from this process first (ties: list order), so the jobs of a dead engine's workers spread over
-    the live ones. An engine that did not answer is tried last for ``down_hold_s`` seconds; any answer from
-    it (a result or the job's own error) clears that. When no engine answers, the last outage is raised:
+    the live ones. An engine that did not answer is tried last for ``down_hold_s`` seconds; a result from
+    it, or the job's own error, clears that. When no engine answers, the last outage is raised:
     the job waits it out without spending an attempt (:mod:`diarist.outages`).
 
     Raises ValueError on an empty ``clients``.
@@ -98,8 +98,11 @@ class EnginePool:
                 result = client.transcribe(audio, options, on_event=on_event, cancel=cancel,
                                            admission_class=admission_class)
             except JobFailure as e:
-                if e.outage is None:  # the engine answered: it is up, whatever became of the job
-                    self._mark(i, up=True)
+                if e.outage is None:
+                    # The job's own answer (bad audio, canceled) says the engine is up; a dropped request
+                    # (engine_error) says nothing sure, and must not clear the mark a refusal just set.
+                    if not e.retryable:
+                        self._mark(i, up=True)
                     raise
                 self._mark(i, up=False)
                 last = e

@@ -107,6 +107,39 @@ def test_an_engine_that_answered_is_not_failed_over(tmp_path, failure):
     assert e.value is failure and b.calls == []
 
 
+def test_a_dropped_request_does_not_clear_a_refusal(tmp_path):
+    """A request in flight when its engine dies ends as dropped (engine_error) after later ones were
+    refused: the engine stays tried last, and the dropped one is not failed over (an attempt is spent)."""
+    inside, gate = threading.Event(), threading.Event()
+
+    class Dying(Fake):
+        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+            if not inside.is_set():  # the request running when the engine dies
+                inside.set()
+                gate.wait(10)
+                raise JobFailure("engine_error", "engine server dropped the request", retryable=True)
+            raise down()  # every request after it: refused
+
+    a, b = Dying("a"), Fake("b")
+    pool = EnginePool([a, b])
+    dropped: list[JobFailure] = []
+
+    def in_flight() -> None:
+        try:
+            pool.transcribe(tmp_path, {})
+        except JobFailure as e:
+            dropped.append(e)
+
+    t = threading.Thread(target=in_flight)
+    t.start()
+    assert inside.wait(10)
+    assert pool.transcribe(tmp_path, {})["engine_id"] == "b"  # refused by a, served by b
+    gate.set()
+    t.join(10)
+    assert [e.code for e in dropped] == ["engine_error"] and len(b.calls) == 1
+    assert pool.order() == [1, 0]
+
+
 def test_no_engine_answering_is_an_outage(tmp_path):
     a, b = Fake("a", fail=down()), Fake("b", fail=down())
     pool = EnginePool([a, b])
