@@ -57,9 +57,13 @@ def test_two_engines_share_the_jobs_and_one_dying_loses_none(cluster):
             ids.append(r.json()["id"])
             klass[ids[-1]] = k
 
-    def b_mid_run() -> bool:  # b has served jobs and has requests inside it right now
+    def b_mid_run() -> bool:  # b has completed a short job and has requests inside it right now
         st = c.engine_stats("b")
-        return st is not None and st["finished"] >= 2 and st["running_requests"] >= 1
+        if st is None or st["running_requests"] < 1:
+            return False
+        done = c.client.get("/v1/jobs", params={"status": "completed", "limit": 200}).json()["data"]
+        return any(j["queue"] == "transcribe.short" and (j.get("metrics") or {}).get("engine_id") == c.engine_id("b")
+                   for j in done)
 
     submit(N // 2)
     assert wait_until(b_mid_run, 120), c.diagnostics()
