@@ -31,6 +31,10 @@ def test_the_workload_is_per_gpu_and_each_engine_gets_its_gpu():
     assert topo.engine_devices("cuda:3", 1) == ["cuda:3"] and topo.engine_devices("cpu", 2) == ["cpu", "cpu"]
     with pytest.raises(ValueError):
         topo.engine_devices("cuda:1", 2)
+    # each engine process sees only its GPU (as under docker-compose), of those this one may use
+    assert topo.pin_to_gpu("cuda:1", {"PATH": "/bin"}) == ("cuda:0", {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"})
+    assert topo.pin_to_gpu("cuda:1", {"CUDA_VISIBLE_DEVICES": "4,6"})[1]["CUDA_VISIBLE_DEVICES"] == "6"
+    assert topo.pin_to_gpu("cpu", {}) == ("cpu", {})
 
 
 def test_engine_only_figures_add_up_over_engines_run_side_by_side():
