@@ -9,7 +9,9 @@ gone: the rest of the list are the host's other engines, tried in turn when the 
 
 What counts as "does not answer" is the client's outage (:class:`worker.engine_client.JobFailure` with
 ``outage``: connection refused, 502/503/504), raised before the engine ran anything of the job, so sending
-the same attempt to the next engine is safe and spends nothing. A request the engine dropped after it
+the same attempt to the next engine is safe and spends nothing (its client decodes the audio again:
+:class:`HttpEngineClient` decodes before it connects; the hold below keeps that to the first jobs after an
+engine dies). A request the engine dropped after it
 started (the engine died mid-job) is *not* failed over here: it ends the attempt as ``engine_error`` and the
 job service's rules apply (an attempt is spent, the retry is sent to the queue; worker/process.py), so a job
 that crashes engines cannot take down every engine of the host in one attempt.
@@ -39,8 +41,8 @@ class EnginePool:
     ``clients[0]`` is the worker's own engine and gets every job while it answers. When it does not (an
     outage), the job goes to the first of the others that answers, those with the fewest requests in
     flight from this process first (ties: list order), so the jobs of a dead engine's workers spread over
-    the live ones. An engine that did not answer is tried last for ``down_hold_s`` seconds; a result from
-    it, or the job's own error, clears that. When no engine answers, the last outage is raised:
+    the live ones. An engine that did not answer is tried last for ``down_hold_s`` seconds, or until it
+    serves a job. When no engine answers, the last outage is raised:
     the job waits it out without spending an attempt (:mod:`diarist.outages`).
 
     Raises ValueError on an empty ``clients``.
@@ -99,10 +101,8 @@ class EnginePool:
                                            admission_class=admission_class)
             except JobFailure as e:
                 if e.outage is None:
-                    # The job's own answer (bad audio, canceled) says the engine is up; a dropped request
-                    # (engine_error) says nothing sure, and must not clear the mark a refusal just set.
-                    if not e.retryable:
-                        self._mark(i, up=True)
+                    # The job's own failure (bad audio, found before any engine call; canceled) or a dropped
+                    # request: nothing sure about the engine, so a refusal's mark stays until its hold ends.
                     raise
                 self._mark(i, up=False)
                 last = e

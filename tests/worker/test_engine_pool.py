@@ -12,6 +12,7 @@ import pytest
 
 from diarist.models import Job
 from diarist.outages import Dependency
+from tests.conftest import wav_bytes
 from tests.worker.fakes import engine_result
 from worker.engine_client import HttpEngineClient, JobFailure
 from worker.engine_pool import EnginePool, engine_client
@@ -197,7 +198,7 @@ def test_a_job_whose_engine_is_dead_completes_on_the_other_in_one_attempt(servic
     url, seen = live_engine
     rt = Runtime(services=services, engine=engine_client(["http://127.0.0.1:9", url], timeout_s=10),
                  dispatcher=CeleryDispatcher(services.settings))
-    services.store.put_file("jobs/p/audio", io.BytesIO(b"RIFF...."))
+    services.store.put_file("jobs/p/audio", io.BytesIO(wav_bytes(0.5)))
     job_id = make_job(audio_key="jobs/p/audio", queue="transcribe.long", duration_s=600.0)
     assert process_job(rt, job_id).state == "completed"
     with services.db.session() as s:
