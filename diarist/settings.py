@@ -7,10 +7,10 @@ the embedded defaults (SQLite, local object store, in-memory broker, in-process 
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache
 from pathlib import Path
-import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator

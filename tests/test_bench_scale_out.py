@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import bench_service_gpu as bench  # noqa: E402
-import service_topology as topo  # noqa: E402
+import bench_service_gpu as bench
+import service_topology as topo
 
 
 def test_runs_keep_one_engine_as_before_and_add_each_count():
