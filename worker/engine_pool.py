@@ -11,10 +11,10 @@ What counts as "does not answer" is the client's outage (:class:`worker.engine_c
 ``outage``: connection refused, 502/503/504), raised before the engine ran anything of the job, so sending
 the same attempt to the next engine is safe and spends nothing (its client decodes the audio again:
 :class:`HttpEngineClient` decodes before it connects; the hold below keeps that to the first jobs after an
-engine dies). A request the engine dropped after it
-started (the engine died mid-job) is *not* failed over here: it ends the attempt as ``engine_error`` and the
-job service's rules apply (an attempt is spent, the retry is sent to the queue; worker/process.py), so a job
-that crashes engines cannot take down every engine of the host in one attempt.
+engine dies). A request the engine dropped after it started (the engine died mid-job) is *not* failed over
+here: it ends the attempt as ``engine_error`` and the job service's rules apply (an attempt is spent, the
+retry is sent to the queue; worker/process.py), so a job that crashes engines cannot take down every engine
+of the host in one attempt.
 """
 
 from __future__ import annotations
