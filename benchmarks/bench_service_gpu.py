@@ -17,8 +17,16 @@ one), dropped after its upload. Fixed output length: the transcriber's benchmark
 (``Transcriber(fixed_output_tokens=N)``, refused unless the weights are dummy MOSS-TD), set on the instance
 the engine server / embedded stack builds: never in a request.
 
+Scale-out (``--engines 1,2``, issue 22 item 5): the production-shaped topology again with N engine servers,
+one per GPU (``cuda:0`` … ``cuda:N-1``), each with its worker set (docs/operations.md, "Several GPUs, several
+hosts"), the workload per GPU: N times the jobs and N times the jobs in flight. Results under
+``production-<N>gpu``, and ``scaling``: each N's service audio-s/s over N = 1's, same run (target for
+N = 2: 1.9).
+
     bash scripts/gpu_tests.sh --bench -- --out $OUT/service_h200.json      # on the GPU machine
+    bash scripts/gpu_tests.sh --bench -- --engines 1,2 --topologies production --out $OUT/service_2gpu.json
     python benchmarks/bench_service_gpu.py --device cpu --tiny              # CPU smoke, both topologies
+    python benchmarks/bench_service_gpu.py --device cpu --tiny --topologies production --engines 1,2
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import tempfile
 import threading
 import time
 import wave
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -137,7 +146,8 @@ def db_rows(db_url: str, ids: list[str]) -> list[dict]:
             m = job.metrics
             ts = {k: epoch(getattr(job, k)) for k in ("created_at", "started_at", "finished_at")}
             metrics = {k: getattr(m, k) for k in ("queue_wait_s", "encoder_s", "prefill_s", "decode_s",
-                                                  "prompt_tokens", "output_tokens", "processing_s", "rtf")} if m else {}
+                                                  "prompt_tokens", "output_tokens", "processing_s", "rtf",
+                                                  "engine_id")} if m else {}
             out.append({"id": job.id, "status": job.status, "attempts": job.attempts, "duration_s": job.duration_s,
                         **ts, **metrics, **((m.extra or {}) if m else {})})
     db.dispose()
@@ -207,6 +217,41 @@ def analyse(wl: dict, client: dict, rows: list[dict], seqs: list[dict], engine: 
     return out
 
 
+def per_gpu(wl: dict, engines: int) -> dict:
+    """``wl`` (one GPU's workload) for ``engines`` GPUs: ``engines`` times the jobs and the jobs in flight."""
+    return {**wl, "jobs": wl["jobs"] * engines, "concurrency": wl["concurrency"] * engines}
+
+
+def runs(topologies: str, engines: str) -> list[tuple[str, int]]:
+    """``(topology, engines)`` in run order: production first (its engines live in child processes, which
+    give the GPU memory back when they exit; the embedded engine lives here), each production run for every
+    count of ``engines``; embedded (one engine in this process) only when 1 is among them.
+
+    >>> runs("embedded,production", "1,2")
+    [('production', 1), ('production', 2), ('embedded', 1)]
+    """
+    counts = sorted({int(n) for n in engines.split(",") if n})
+    if not counts or counts[0] < 1:
+        raise ValueError(f"--engines {engines!r}: counts of engine servers, at least 1")
+    names = sorted({t for t in topologies.split(",") if t}, key=lambda t: t != "production")
+    return [(t, n) for t in names for n in (counts if t == "production" else [1] if 1 in counts else [])]
+
+
+def scaling(result: dict, one: dict) -> dict:
+    """``result``'s service throughput over the one-engine run's (``one``), measured and, for a shortened
+    run, projected to the full output length."""
+    out = {}
+    for k in ("service_audio_s_per_s", "projected_service_audio_s_per_s"):
+        if one.get(k) and k in result:
+            out[k.removesuffix("_audio_s_per_s") + "_over_one_engine"] = result[k] / one[k]
+    return out
+
+
+def result_key(topology: str, engines: int) -> str:
+    """``production`` / ``embedded`` at one engine (the keys of earlier results), ``production-<N>gpu`` above."""
+    return topology if engines == 1 else f"{topology}-{engines}gpu"
+
+
 def workload(name: str, args: argparse.Namespace) -> dict:
     from bench_engine import WORKLOADS as ENGINE_WORKLOADS
 
@@ -235,6 +280,8 @@ def main() -> int:
     ap.add_argument("--worker-processes", type=int, default=1,
                     help="production: `diarist worker` processes per transcription class, sharing its threads")
     ap.add_argument("--api-workers", type=int, default=1, help="production: `diarist serve --workers`")
+    ap.add_argument("--engines", default="1", help="production: engine servers, one per GPU, each with its worker "
+                    "set; a list (1,2) runs each count, the workload per GPU")
     ap.add_argument("--poll-s", type=float, default=0.05)
     ap.add_argument("--timeout", type=float, default=420.0,
                     help="per workload and topology (s): jobs not final by then count as lost")
@@ -264,19 +311,23 @@ def main() -> int:
            "topologies": {}, "workloads": {}}
     save = lambda: args.out and Path(args.out).write_text(json.dumps(res, indent=1))  # noqa: E731
     names = [w for w in args.workloads.split(",") if w]
-    # Production first: its engine lives in a child process, which gives the GPU memory back when it exits;
-    # the embedded engine lives here, and its KV pool (a fraction of the free memory) would starve a server.
-    for t_name in sorted({t for t in args.topologies.split(",") if t}, key=lambda t: t != "production"):
-        engine = Engine(topo.engine_config(args.device, args.tiny, args.max_running)) if t_name == "embedded" else None
+    plan = runs(args.topologies, args.engines)
+    embedded_engine = None
+    for t_name, n_engines in plan:
+        if t_name == "embedded" and embedded_engine is None:
+            embedded_engine = Engine(topo.engine_config(args.device, args.tiny, args.max_running))
+        engine = embedded_engine if t_name == "embedded" else None
+        key = result_key(t_name, n_engines)
         for i, name in enumerate(names):
-            wl = workload(name, args)
+            base = workload(name, args)
+            wl = per_gpu(base, n_engines)
             with tempfile.TemporaryDirectory(prefix="diarist-bench-") as d:
                 data = Path(d)
                 if engine is not None:
                     engine_stats = topo.engine_only(engine, wl)
                     t = topo.Embedded(engine, data, wl["tokens"])
                 else:
-                    t = topo.Production(args, data, wl)
+                    t = topo.Production(args, data, base, engines=n_engines)
                 try:
                     url = t.start()
                     if engine is None:
@@ -287,19 +338,25 @@ def main() -> int:
                     t.stop()
                 db_url = t.settings.db_url if engine is not None else t.env["DIARIST_DATABASE_URL"]
                 rows = db_rows(db_url, list(client["submits"]))
-                res["topologies"][t_name] = t.describe
+                res["topologies"][key] = t.describe
                 result = analyse(wl, client, rows, seqs, engine_stats, data / "objects")
+                result["engines"] = n_engines
+                if n_engines > 1:
+                    result["jobs_per_engine"] = dict(Counter(r.get("engine_id") for r in rows))
                 if result["lost"] and engine is None:  # what the processes said, before their folder goes
                     result["process_log_tails"] = {p.stem: p.read_text(errors="replace").splitlines()[-15:]
                                                    for p in sorted(data.glob("*.log"))}
-            res["workloads"].setdefault(name, {})[t_name] = result
-            print(name, t_name, json.dumps({k: result[k] for k in ("engine_audio_s_per_s", "service_audio_s_per_s",
-                                                                     "service_over_engine", "lost", "duplicated",
-                                                                     "metrics_match_engine")}), flush=True)
+            res["workloads"].setdefault(name, {})[key] = result
+            one = res["workloads"][name].get(result_key(t_name, 1))
+            if n_engines > 1 and one is not None:
+                res.setdefault("scaling", {}).setdefault(name, {})[str(n_engines)] = scaling(result, one)
+            print(name, key, json.dumps({k: result[k] for k in ("engine_audio_s_per_s", "service_audio_s_per_s",
+                                                                  "service_over_engine", "lost", "duplicated",
+                                                                  "metrics_match_engine")}), flush=True)
             save()
-        del engine
-        if cuda:
-            torch.cuda.empty_cache()
+    del embedded_engine
+    if cuda:
+        torch.cuda.empty_cache()
     print(json.dumps(res, indent=1))
     save()
     bad = [(w, t) for w, ts in res["workloads"].items() for t, r in ts.items()

@@ -181,43 +181,88 @@ def _runnable(binary: str | None) -> str | None:
     return binary if ok else None
 
 
+def engine_devices(device: str, n: int) -> list[str]:
+    """The device of each of ``n`` engine servers: ``cuda`` → ``cuda:0`` … ``cuda:n-1``; ``cpu`` (or one
+    named device with ``n`` = 1) for all of them. Raises ValueError for a named CUDA device with ``n`` > 1."""
+    if n == 1 or device == "cpu":
+        return [device] * n
+    if device == "cuda":
+        return [f"cuda:{i}" for i in range(n)]
+    raise ValueError(f"--device {device} names one GPU; --engines {n} needs --device cuda (one engine per GPU)")
+
+
+def pin_to_gpu(device: str, env: dict) -> tuple[str, dict]:
+    """How to start an engine server for ``device`` (an entry of :func:`engine_devices`): ``cuda:i`` becomes
+    ``--device cuda:0`` with ``CUDA_VISIBLE_DEVICES`` set to the ``i``-th visible GPU (of ``env``'s
+    ``CUDA_VISIBLE_DEVICES`` when set), so each process sees only its GPU, as ``diarist engine`` under
+    docker-compose does; the engine's threads then need no device of their own. Other devices pass
+    unchanged. Returns ``(device argument, environment)``."""
+    if not device.startswith("cuda:"):
+        return device, env
+    i = int(device.split(":", 1)[1])
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return "cuda:0", {**env, "CUDA_VISIBLE_DEVICES": visible[i] if visible else str(i)}
+
+
+def combine_engine_only(parts: list[dict]) -> dict:
+    """The engine-only figure of ``parts`` (one :func:`engine_only` per engine server, run at the same time on
+    their own GPUs): audio-s/s summed, wall the longest, the projected extra decode the largest; ``per_engine``
+    keeps each. One part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {"engines": len(parts), "audio_s_per_s": sum(p["audio_s_per_s"] for p in parts),
+           "wall_s": max(p["wall_s"] for p in parts), "requests": sum(p["requests"] for p in parts),
+           "truncated": sum(p.get("truncated", 0) for p in parts), "per_engine": parts}
+    if all("projected_extra_decode_s" in p for p in parts):
+        out["projected_extra_decode_s"] = max(p["projected_extra_decode_s"] for p in parts)
+        out["full_output_tokens"] = parts[0]["full_output_tokens"]
+    return out
+
+
 class Production:
-    """API (``diarist serve``), one ``diarist worker`` process per transcription class and the engine server
-    (:func:`serve_engine`) as separate processes on loopback. Broker (``--broker``): Redis when asked or, with
-    ``auto``, when ``redis-server`` is on the PATH, else kombu's filesystem transport (no broker server);
-    database: one SQLite file (WAL) for all."""
+    """API (``diarist serve``), per engine server (:func:`serve_engine`) ``--worker-processes`` ``diarist
+    worker`` processes per transcription class, all separate processes on loopback: ``engines`` engine
+    servers, one per GPU (:func:`engine_devices`, :func:`pin_to_gpu`), each with its worker set whose engine
+    list names it first and the others after it (docs/operations.md, "Several GPUs, several hosts").
+    ``workload`` is what each engine runs engine-only before serving (the per-GPU workload). Broker
+    (``--broker``): Redis when asked or, with ``auto``, when ``redis-server`` is on the PATH, else kombu's
+    filesystem transport (no broker server); database: one SQLite file (WAL) for all."""
 
     name = "production"
 
-    def __init__(self, args: Any, data_dir: Path, workload: dict) -> None:
+    def __init__(self, args: Any, data_dir: Path, workload: dict, engines: int = 1) -> None:
         self.args, self.dir, self.workload = args, data_dir, workload
+        self.devices = engine_devices(args.device, engines)
         self.procs: list[subprocess.Popen] = []
         self.redis = _runnable(shutil.which("redis-server")) if args.broker in ("auto", "redis") else None
         if args.broker == "redis" and not self.redis:
             raise RuntimeError("--broker redis: no redis-server on the PATH")
-        self.engine_port, self.api_port = free_port(), free_port()
-        self.engine_url = f"http://127.0.0.1:{self.engine_port}"
+        self.engine_ports, self.api_port = [free_port() for _ in self.devices], free_port()
+        self.engine_urls = [f"http://127.0.0.1:{p}" for p in self.engine_ports]
         broker = f"redis://127.0.0.1:{free_port()}/0" if self.redis else "filesystem://"
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                     "DIARIST_DATA_DIR": str(data_dir), "DIARIST_DATABASE_URL": f"sqlite:///{data_dir}/diarist.sqlite3",
                     "DIARIST_STORAGE": "local", "DIARIST_STORAGE_DIR": str(data_dir / "objects"),
                     "DIARIST_BROKER_URL": broker, "DIARIST_AUTH": "false", "DIARIST_MODEL": "moss-td",
-                    "DIARIST_SERVED_MODELS": '["moss-td"]', "DIARIST_ENGINE_URL": self.engine_url,
+                    "DIARIST_SERVED_MODELS": '["moss-td"]', "DIARIST_ENGINE_URL": ",".join(self.engine_urls),
                     "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": str(args.max_running)}
         from diarist.settings import Settings
 
         st = Settings(engine_max_running_requests=args.max_running)
         self.procs_per_class = args.worker_processes
         self.threads = {k: math.ceil(st.worker_threads(k) / self.procs_per_class) for k in ("short", "long")}
-        self.describe = (f"production-shaped: API ({args.api_workers} process(es)), workers (short "
-                         f"{self.procs_per_class} x {self.threads['short']} + long {self.procs_per_class} x "
-                         f"{self.threads['long']} threads: processes x threads) and the engine server as "
-                         f"separate processes over loopback HTTP; broker {broker.split(':')[0]}"
+        workers = (f"workers (short {self.procs_per_class} x {self.threads['short']} + long {self.procs_per_class} "
+                   f"x {self.threads['long']} threads: processes x threads)")
+        shape = (f"{workers} and the engine server as separate processes" if engines == 1 else
+                 f"{engines} engine servers ({', '.join(self.devices)}), each with its own {workers}, all separate "
+                 "processes")
+        self.describe = (f"production-shaped: API ({args.api_workers} process(es)), {shape} over loopback HTTP; "
+                         f"broker {broker.split(':')[0]}"
                          f"{'' if self.redis or args.broker == 'filesystem' else ' (no redis-server here)'}; SQLite shared")
 
-    def _spawn(self, *cmd: str, log: str) -> subprocess.Popen:
+    def _spawn(self, *cmd: str, log: str, env: dict | None = None) -> subprocess.Popen:
         out = open(self.dir / f"{log}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(list(cmd), env=self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(list(cmd), env=env or self.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p
 
@@ -228,16 +273,24 @@ class Production:
             self._spawn(self.redis, "--port", port, "--save", "", "--appendonly", "no", log="redis")
         subprocess.run([py, "-m", "diarist.cli", "migrate"], env=self.env, cwd=REPO, check=True,
                        capture_output=True)
-        engine = self._spawn(py, str(Path(__file__).with_name("bench_service_gpu.py")), "--serve-engine",
-                             "--port", str(self.engine_port), "--device", self.args.device,
-                             *(["--tiny"] if self.args.tiny else []), "--max-running", str(self.args.max_running),
-                             "--workload", json.dumps(self.workload),
-                             "--engine-only-out", str(self.dir / "engine_only.json"), log="engine")
-        _wait_http(f"{self.engine_url}/health", engine, self.args.start_timeout)
-        for klass in ("short", "long"):
-            for i in range(self.procs_per_class):
-                self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
-                            "--concurrency", str(self.threads[klass]), log=f"worker-{klass}-{i}")
+        engines = []
+        for i, (device, port) in enumerate(zip(self.devices, self.engine_ports, strict=True)):
+            device_arg, env = pin_to_gpu(device, self.env) if len(self.devices) > 1 else (device, self.env)
+            engines.append(self._spawn(
+                py, str(Path(__file__).with_name("bench_service_gpu.py")), "--serve-engine", "--port", str(port),
+                "--device", device_arg, *(["--tiny"] if self.args.tiny else []), "--max-running",
+                str(self.args.max_running), "--workload", json.dumps(self.workload),
+                "--engine-only-out", str(self.dir / self._engine_only_name(i)), log=self._name("engine", i),
+                env=env))
+        for url, engine in zip(self.engine_urls, engines, strict=True):
+            _wait_http(f"{url}/health", engine, self.args.start_timeout)
+        for e, url in enumerate(self.engine_urls):
+            urls = ",".join([url, *(u for u in self.engine_urls if u != url)])  # its own engine first
+            for klass in ("short", "long"):
+                for i in range(self.procs_per_class):
+                    self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
+                                "--concurrency", str(self.threads[klass]), "--engine-url", urls,
+                                log=self._name(f"worker-{klass}-{i}", e))
         api = self._spawn(py, "-m", "diarist.cli", "serve", "--host", "127.0.0.1", "--port", str(self.api_port),
                           "--workers", str(self.args.api_workers), log="api")
         url = f"http://127.0.0.1:{self.api_port}"
@@ -245,11 +298,19 @@ class Production:
         time.sleep(2.0)  # the workers' consumers: nothing answers for them, and a job waits for them anyway
         return url
 
+    def _name(self, what: str, engine: int) -> str:
+        """Log and file names: as before with one engine, ``<what>@<engine>`` with several."""
+        return what if len(self.devices) == 1 else f"{what}@{engine}"
+
+    def _engine_only_name(self, engine: int) -> str:
+        return f"{self._name('engine_only', engine)}.json"
+
     def engine_only(self) -> dict:
-        return json.loads((self.dir / "engine_only.json").read_text())
+        return combine_engine_only([json.loads((self.dir / self._engine_only_name(i)).read_text())
+                                    for i in range(len(self.devices))])
 
     def sequences(self) -> list[dict]:
-        return httpx.get(f"{self.engine_url}/bench/sequences", timeout=60).json()
+        return [s for url in self.engine_urls for s in httpx.get(f"{url}/bench/sequences", timeout=60).json()]
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -259,4 +320,3 @@ class Production:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-

@@ -7,13 +7,14 @@ the embedded defaults (SQLite, local object store, in-memory broker, in-process 
 
 from __future__ import annotations
 
+import json
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -42,6 +43,32 @@ def threads_to_fill(rows: int, seqs_per_job: float = 1.0, engine_share: float = 
         raise ValueError(f"threads_to_fill({rows}, {seqs_per_job}, {engine_share}): needs rows >= 1, "
                          "seqs_per_job > 0 and 0 < engine_share <= 1")
     return math.ceil(rows / (seqs_per_job * engine_share))
+
+
+def parse_engine_urls(text: str) -> list[str]:
+    """Engine server URLs from ``text``: a JSON list (``["http://a:8100", "http://b:8101"]``) or URLs separated
+    by commas (``http://a:8100,http://b:8101``; one URL alone is a list of one). Order is kept: the first is
+    the worker's own engine.
+
+    Raises:
+        ValueError: no URL, or one that is not ``http://`` / ``https://``.
+    """
+    text = text.strip()
+    return check_engine_urls(json.loads(text) if text.startswith("[") else text.split(","))
+
+
+def check_engine_urls(urls: Any) -> list[str]:
+    """``urls`` (a list of strings) stripped of blanks and trailing ``/``, in order. Raises ValueError as
+    :func:`parse_engine_urls` does."""
+    if not isinstance(urls, list | tuple) or not all(isinstance(u, str) for u in urls):
+        raise ValueError(f"engine URLs must be a list of strings, not {urls!r}")
+    out = [u.strip().rstrip("/") for u in urls if u.strip()]
+    if not out:
+        raise ValueError("no engine URL given")
+    bad = [u for u in out if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"engine URLs must start with http:// or https://: {bad}")
+    return out
 
 
 class Settings(BaseSettings):
@@ -76,7 +103,10 @@ class Settings(BaseSettings):
                                         "request for another gets 422 unsupported_language. Empty: any. Unset: "
                                         "['en'] for the whisper family (the bundled tiny.en), any for moss-td.")
     device: str = Field("cpu", description="Engine device: cpu, cuda or cuda:N.")
-    engine_url: str = Field("http://127.0.0.1:8100", description="The engine server workers talk to (non-embedded).")
+    engine_url: Annotated[list[str], NoDecode] = Field(
+        ["http://127.0.0.1:8100"], description="Engine servers a transcription worker talks to: one URL, or a list "
+        "(comma-separated or a JSON list) whose first entry is the worker's own engine and the rest the host's "
+        "other engines, used while it is down (worker/engine_pool.py; docs/operations.md, Several GPUs).")
     engine_host: str = Field("127.0.0.1", description="`diarist engine` listen address (keep it loopback).")
     engine_port: int = Field(8100, description="`diarist engine` listen port.")
     engine_timeout_s: float = Field(7200.0, description="Longest a worker waits on one engine request.")
@@ -164,6 +194,13 @@ class Settings(BaseSettings):
     audio_url_allow_hosts: list[str] = Field(
         [], description="`audio_url` hosts, IPs or CIDRs the API may download from even when not globally "
         "routable; empty: public addresses only.")
+
+    @field_validator("engine_url", mode="before")
+    @classmethod
+    def _engine_urls(cls, value: Any) -> Any:
+        """``engine_url`` from a string: a JSON list, or URLs separated by commas (one URL is a list of one);
+        each must be ``http(s)://``, a trailing ``/`` is dropped. Raises ValueError on an empty list."""
+        return parse_engine_urls(value) if isinstance(value, str) else check_engine_urls(value)
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
         """The engine configuration these settings ask for (``overrides`` win: CLI flags). Choices left

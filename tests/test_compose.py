@@ -22,20 +22,47 @@ def compose() -> dict:
 
 def test_services_and_commands(compose):
     services = compose["services"]
-    assert {"postgres", "redis", "minio", "migrate", "api", "engine", "worker-short", "worker-long",
-            "worker-webhooks"} <= set(services)
+    assert {"postgres", "redis", "minio", "migrate", "api", "gpu-node", "engine-0", "engine-1", "worker-short-0",
+            "worker-long-0", "worker-short-1", "worker-long-1", "worker-webhooks"} <= set(services)
     parser = build_parser()
     for name, svc in services.items():
         cmd = svc.get("command")
         if cmd and cmd[0] == "diarist":
             parser.parse_args(cmd[1:])  # SystemExit on an unknown subcommand or flag
-    classes = {services[f"worker-{c}"]["command"][3] for c in ("short", "long", "webhooks")}
+    classes = {services[w]["command"][3] for w in ("worker-short-0", "worker-long-1", "worker-webhooks")}
     assert classes == {"short", "long", "webhooks"}
-    gpu = services["engine"]["deploy"]["resources"]["reservations"]["devices"][0]
-    assert gpu["capabilities"] == ["gpu"]
-    for name in ("postgres", "redis", "minio", "api", "engine"):
+    for name in ("postgres", "redis", "minio", "api", "engine-0", "engine-1"):
         assert "healthcheck" in services[name], name
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_one_engine_per_gpu_and_a_worker_set_per_engine(compose):
+    """Two GPUs: each engine reserves its own GPU and listens on its own loopback port; each engine has a
+    short and a long worker whose engine list names it first and the other engine after it (failover);
+    engines and workers share gpu-node's network namespace, so every engine is on their loopback."""
+    from diarist.settings import parse_engine_urls
+
+    services = compose["services"]
+    ports, gpus = {}, {}
+    for i in (0, 1):
+        eng = services[f"engine-{i}"]
+        cmd = eng["command"]
+        ports[i] = cmd[cmd.index("--port") + 1]
+        assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        (dev,) = eng["deploy"]["resources"]["reservations"]["devices"]
+        assert dev["capabilities"] == ["gpu"]
+        gpus[i] = dev["device_ids"]
+        assert ports[i] in str(eng["healthcheck"]["test"])
+    assert gpus == {0: ["0"], 1: ["1"]} and len(set(ports.values())) == 2
+    for i, other in ((0, 1), (1, 0)):
+        for c in ("short", "long"):
+            w = services[f"worker-{c}-{i}"]
+            urls = parse_engine_urls(w["environment"]["DIARIST_ENGINE_URL"])
+            assert urls == [f"http://127.0.0.1:{ports[i]}", f"http://127.0.0.1:{ports[other]}"], (i, c)
+            assert w["network_mode"] == "service:gpu-node"
+            assert w["depends_on"][f"engine-{i}"]["condition"] == "service_healthy"
+        assert services[f"engine-{i}"]["network_mode"] == "service:gpu-node"
+    assert services["gpu-node"]["command"] == ["sleep", "infinity"] and "network_mode" not in services["gpu-node"]
 
 
 def test_api_has_a_fixed_session_secret_and_workers_expose_metrics(compose):
@@ -45,10 +72,11 @@ def test_api_has_a_fixed_session_secret_and_workers_expose_metrics(compose):
     secret = services["api"]["environment"]["DIARIST_ADMIN_SESSION_SECRET"]
     assert secret.startswith("${DIARIST_ADMIN_SESSION_SECRET:?")  # required: no default, no random per process
     ports = []
-    for c in ("short", "long", "webhooks"):
-        cmd = services[f"worker-{c}"]["command"]
+    workers = [n for n in services if n.startswith("worker-")]
+    for w in workers:
+        cmd = services[w]["command"]
         ports.append(cmd[cmd.index("--metrics-port") + 1])
-    assert len(set(ports)) == 3
+    assert len(workers) == 5 and len(set(ports)) == 5  # four of them share gpu-node's network namespace
     assert services["api"]["environment"]["DIARIST_LOG_FORMAT"] == "json"
 
 
@@ -66,11 +94,12 @@ def test_workers_are_sized_from_the_engine_rows(compose):
     from diarist.settings import Settings
 
     services = compose["services"]
-    for c in ("short", "long"):
-        assert "--concurrency" not in services[f"worker-{c}"]["command"]
-    env = services["worker-short"]["environment"]
-    assert services["engine"]["environment"]["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"] == env[
-        "DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]
+    for w in ("worker-short-0", "worker-long-0", "worker-short-1", "worker-long-1"):
+        assert "--concurrency" not in services[w]["command"]
+    env = services["worker-short-0"]["environment"]
+    for e in ("engine-0", "engine-1"):
+        assert services[e]["environment"]["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"] == env[
+            "DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]
     st = Settings(engine_max_running_requests=int(env["DIARIST_ENGINE_MAX_RUNNING_REQUESTS"]),
                   engine_long_max_running=int(env["DIARIST_ENGINE_LONG_MAX_RUNNING"]))
     assert (st.worker_threads("short"), st.worker_threads("long")) == (80, 20)

@@ -2,7 +2,7 @@
 
 Where they come from, first match wins:
 1. ``app.state.engine_stats`` — a callable returning the mapping (embedded mode: the engine is in-process);
-2. ``GET <url>/stats`` of each engine server in ``DIARIST_ADMIN_ENGINE_URLS`` (default the one
+2. ``GET <url>/stats`` of each engine server in ``DIARIST_ADMIN_ENGINE_URLS`` (default those of
    ``DIARIST_ENGINE_URL``), all at once, ``engine_timeout_s`` each; an engine that does not answer maps to
    None (shown as down). Answers are cached for ``CACHE_S`` so many open dashboards cost one round.
 
@@ -49,7 +49,7 @@ def engine_urls(app: Any) -> list[str]:
     if conf.engine_urls is not None:
         return list(conf.engine_urls)
     st = app.state.services.settings
-    return [] if st.embedded else [st.engine_url]
+    return [] if st.embedded else list(st.engine_url)
 
 
 def engine_stats(app: Any) -> dict[str, dict | None]:

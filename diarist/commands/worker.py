@@ -1,9 +1,10 @@
 """``diarist worker --class short|long|webhooks [--concurrency N]``: one Celery worker process per class.
 
 Thread pool; consumes only its class's queue (``transcribe.short``, ``transcribe.long`` or ``webhooks``).
-Transcription workers stream from the engine server at DIARIST_ENGINE_URL and never load a model (no
-CUDA in workers). Each process also renews the leases of the jobs it runs and runs a sweeper
-(worker/sweeper.py) that re-drives jobs and webhooks left by dead workers or a lost broker message.
+Transcription workers stream from the engine server at DIARIST_ENGINE_URL (the first of its list; the
+others take the jobs while it is down) and never load a model (no CUDA in workers). Each process also
+renews the leases of the jobs it runs and runs a sweeper (worker/sweeper.py) that re-drives jobs and
+webhooks left by dead workers or a lost broker message.
 """
 
 from __future__ import annotations
@@ -18,12 +19,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("worker", help="run a Celery worker for one duration class", description=plain(__doc__))
     p.add_argument("--class", dest="klass", required=True, choices=("short", "long", "webhooks"))
     p.add_argument("--concurrency", type=int, default=None, help="threads (default: the class's setting)")
-    p.add_argument("--engine-url", default=None, help="engine server (default DIARIST_ENGINE_URL)")
+    p.add_argument("--engine-url", default=None, type=_engine_urls,
+                   help="engine server(s): a URL, or URLs separated by commas, this worker's own engine first and "
+                   "the host's other engines after it for failover (default DIARIST_ENGINE_URL)")
     p.add_argument("--loglevel", default=None, help="log level (default DIARIST_LOG_LEVEL)")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve this worker's Prometheus metrics on this port (default DIARIST_WORKER_METRICS_PORT)")
     p.set_defaults(func=run)
     return p
+
+
+def _engine_urls(text: str) -> list[str]:
+    from diarist.settings import parse_engine_urls
+
+    try:
+        return parse_engine_urls(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from diarist.settings import Settings
     from worker import routing
     from worker.celery_app import CeleryDispatcher, app, configure
-    from worker.engine_client import HttpEngineClient
+    from worker.engine_pool import engine_client
     from worker.runtime import Runtime, set_runtime
 
     from celery.signals import setup_logging
@@ -51,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     services.dispatcher = dispatcher
     engine = None
     if args.klass != "webhooks":
-        engine = HttpEngineClient(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
+        engine = engine_client(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
     from worker.sweeper import Sweeper
 
     rt = Runtime(services=services, engine=engine, dispatcher=dispatcher)

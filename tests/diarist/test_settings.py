@@ -78,3 +78,23 @@ def test_worker_threads_fill_the_engine_rows(monkeypatch):
     assert Settings().worker_threads("short") == 7
     with pytest.raises(ValueError):
         st.worker_threads("gpu")
+
+
+def test_engine_url_takes_one_url_or_a_list_own_engine_first(monkeypatch):
+    """DIARIST_ENGINE_URL: one URL (a list of one), URLs separated by commas, or a JSON list; order kept (the
+    worker's own engine first), trailing slashes dropped; anything but http(s) URLs is refused."""
+    import pydantic
+    import pytest
+
+    monkeypatch.delenv("DIARIST_ENGINE_URL", raising=False)
+    assert Settings().engine_url == ["http://127.0.0.1:8100"]
+    for raw in ("http://127.0.0.1:8101/, http://127.0.0.1:8100", '["http://127.0.0.1:8101", "http://127.0.0.1:8100"]'):
+        monkeypatch.setenv("DIARIST_ENGINE_URL", raw)
+        assert Settings().engine_url == ["http://127.0.0.1:8101", "http://127.0.0.1:8100"]
+    monkeypatch.setenv("DIARIST_ENGINE_URL", "http://gpu-0:8100")
+    assert Settings().engine_url == ["http://gpu-0:8100"]
+    assert Settings(engine_url="http://a:1").engine_url == ["http://a:1"]
+    for bad in ("", "gpu-0:8100", '["http://a:1", 3]', " , "):
+        monkeypatch.setenv("DIARIST_ENGINE_URL", bad)
+        with pytest.raises(pydantic.ValidationError):
+            Settings()

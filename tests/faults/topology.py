@@ -59,13 +59,14 @@ def make_clip(src: Path, dest: Path, seconds: float = CLIP_S) -> Path:
 class Proc:
     """A ``diarist`` subcommand in its own process group, its output appended to a log file."""
 
-    def __init__(self, name: str, args: list[str], env: dict, logdir: Path) -> None:
+    def __init__(self, name: str, args: list[str], env: dict, logdir: Path, module: str = "diarist.cli") -> None:
         self.name, self.args, self.env, self.log = name, args, env, logdir / f"{name}.log"
+        self.module = module  # run as ``python -m module *args``
         self.p: subprocess.Popen | None = None
 
     def start(self) -> Proc:
         out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.p = subprocess.Popen([sys.executable, "-m", "diarist.cli", *self.args], env=self.env, stdout=out,
+        self.p = subprocess.Popen([sys.executable, "-m", self.module, *self.args], env=self.env, stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         return self
