@@ -30,6 +30,7 @@ from transcription.whisper_decoding import (
     split_segments,
     whisper_prompt,
 )
+from transcription.language import LanguageChoice, WhisperLanguages
 from transcription.progress import EventFn, WindowProgress
 from transcription.repetition import RepetitionGuard
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
@@ -64,7 +65,10 @@ class TranscribeOptions:
 
     Attributes:
         language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
-            (``unsupported_language``) instead of writing English-sounding text for it.
+            (``unsupported_language``) instead of writing English-sounding text for it; a multilingual one
+            decodes in it, and detects the language when it is ``None`` (:mod:`transcription.language`).
+        task: ``transcribe`` (text in the speech's language) or ``translate`` (English text; multilingual
+            Whisper only, else ``unsupported_task``).
         prompt: text that conditions the decoder (vocabulary, spelling).
         num_speakers / min_speakers / max_speakers: hints for speaker clustering.
         multichannel: one speaker per channel: transcribe each channel, label by channel.
@@ -77,6 +81,7 @@ class TranscribeOptions:
     """
 
     language: str | None = None
+    task: str = "transcribe"
     prompt: str | None = None
     num_speakers: int | None = None
     min_speakers: int | None = None
@@ -115,6 +120,7 @@ class Transcriber:
             self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
                                                conf.get("suppress_ids_begin", [220, self.tokens.eot]))
             self.alignment_heads = conf.get("alignment_heads", [])
+            self.languages = WhisperLanguages(engine.tokenizer, self.tokens, conf.get("lang_ids", []))
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
@@ -123,7 +129,9 @@ class Transcriber:
         :class:`transcription.audio.DecodedAudio`).
 
         Returns:
-            A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
+            A JSON-able dict: ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
+            (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
+            ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
@@ -135,15 +143,16 @@ class Transcriber:
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
             RequestRejected: the recording cannot fit the model's context (``too_long``); a language
-                the model does not transcribe (``unsupported_language``).
+                the model does not transcribe (``unsupported_language``); a task it cannot do
+                (``unsupported_task``: translate on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
         """
         opts = options or TranscribeOptions()
-        if (self.family == "whisper" and self.tokens.english_only and opts.language
-                and opts.language.lower() not in ("en", "english")):
-            raise RequestRejected("unsupported_language",
-                                  f"{self.engine.loaded.info.get('name')} transcribes English only; "
-                                  f"language={opts.language!r} was asked for")
+        if self.family == "whisper":
+            self.languages.check(opts.language, opts.task, self.engine.loaded.info.get("name"))
+        elif opts.task != "transcribe":
+            raise RequestRejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
+                                  f"task={opts.task!r} was asked for")
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
@@ -159,7 +168,7 @@ class Transcriber:
             result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                      fixed_output_tokens=self.fixed_output_tokens)
             result["model"] = self.engine.loaded.info.get("name")
-            result["language"] = opts.language
+            result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
             result["family"] = "moss-td"
         elif opts.multichannel and audio.samples.shape[0] > 1:
             result = self._multichannel(audio.samples, opts, should_cancel)
@@ -197,11 +206,12 @@ class Transcriber:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
-            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            choice = self.languages.choose(opts.language, opts.task, lambda: None)
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice)
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
-        seqs = self._run_windows(wave, windows, opts, on_event, should_cancel)
+        seqs, choice = self._run_windows(wave, windows, opts, on_event, should_cancel)
         segments: list[dict] = []
         for w, seq in zip(windows, seqs, strict=True):
             segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps))
@@ -220,23 +230,38 @@ class Transcriber:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
-        result = self._result(duration, segments, finish, metrics, no_speech=not segments)
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice)
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
 
+    def _detect_language(self, mel: torch.Tensor, opts: TranscribeOptions,
+                         should_cancel: Callable[[], bool] | None) -> LanguageChoice | None:
+        """Language of one window (:meth:`WhisperLanguages.detection_sequence`); ``None`` if canceled."""
+        seq = self.languages.detection_sequence(mel, opts.admission_class)
+        self.engine.submit(seq)
+        self.engine.run_until_done([seq], should_cancel=should_cancel)
+        if seq.finish_reason == FinishReason.ERROR:
+            raise EngineError(seq.error or "engine step failed")
+        return self.languages.detected(seq)
+
     def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
-                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None) -> list[Sequence]:
+                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None
+                     ) -> tuple[list[Sequence], LanguageChoice]:
+        mels = [log_mel_spectrogram(torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)]),
+                                    self.engine.model.config.num_mel_bins)[0] for w in windows]
+        # the first speech window decides the language of all of them (OpenAI whisper's rule)
+        choice = self.languages.choose(opts.language, opts.task,
+                                       lambda: self._detect_language(mels[0], opts, should_cancel))
+        language_id, task_id = self.languages.prompt_ids(choice)
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
-        prompt = whisper_prompt(self.tokens, prompt_ids)
+        prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
         progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
         seqs: list[Sequence] = []
         # listeners run on this thread, not the engine's loop thread; tokens come in batches of the delta window
         inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
         keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
-        for i, w in enumerate(windows):
-            chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
-            mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+        for i, (w, mel) in enumerate(zip(windows, mels, strict=True)):
             detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
             ts0 = self.tokens.timestamp_begin
@@ -255,7 +280,7 @@ class Transcriber:
         errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
         if errors:
             raise EngineError(errors[0].error or "engine step failed")
-        return seqs
+        return seqs, choice
 
     def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: WindowProgress, w: Window):
         def listener(seq: Sequence, kind: str, payload: Any) -> None:
@@ -343,7 +368,12 @@ class Transcriber:
         metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
                        channels=samples.shape[0])
         finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
-        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments)
+        # channels are decoded (and detected) apart; the first that found a language speaks for the file
+        found = next((r for r in results if r["language"] is not None), results[0])
+        choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
+                                found["task"])
+        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
+                            language=choice)
 
     # -- result ------------------------------------------------------------------------------------------
     @staticmethod
@@ -358,11 +388,12 @@ class Transcriber:
             "output_tokens": sum(len(s.output_ids) for s in seqs),
         }
 
-    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool) -> dict:
+    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool,
+                language: LanguageChoice) -> dict:
         last_end = max((s["end"] for s in segments), default=0.0)
         return {
             "duration": duration,
-            "language": "en" if self.family == "whisper" and self.tokens.english_only else None,
+            **language.result_fields(),
             "model": self.engine.loaded.info.get("name"),
             "segments": segments,
             "finish_reason": finish,

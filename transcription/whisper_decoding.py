@@ -29,6 +29,7 @@ class WhisperTokens:
     timestamp_begin: int = 50363
     english_only: bool = True
     transcribe: int = 50358
+    translate: int = 50357
     language_base: int = 50259
 
     @classmethod
@@ -37,7 +38,8 @@ class WhisperTokens:
         if vocab_size == 51864:
             return cls()
         return cls(eot=50257, sot=50258, sot_prev=50361, no_timestamps=50363, timestamp_begin=50364,
-                   english_only=False, transcribe=50359, language_base=50259)
+                   english_only=False, transcribe=50359, translate=50358,
+                   language_base=50259)
 
 
 class WhisperTimestampRules:
@@ -84,18 +86,21 @@ class WhisperTimestampRules:
         return x
 
 
-def whisper_prompt(tokens: WhisperTokens, prompt_ids: list[int] | None = None, max_prompt: int = 223) -> list[int]:
+def whisper_prompt(tokens: WhisperTokens, prompt_ids: list[int] | None = None, max_prompt: int = 223,
+                   language_id: int | None = None, task_id: int | None = None) -> list[int]:
     """Decoder prompt: ``[<|startofprev|> prompt...] <|startoftranscript|>`` (English-only, timestamps on).
 
-    Multilingual checkpoints add ``<|en|><|transcribe|>``. ``prompt_ids`` (previous text / vocabulary
-    hints) are cut to their last ``max_prompt`` tokens (OpenAI uses half the 448-token context).
+    Multilingual checkpoints add ``<|lang|><|task|>``: ``language_id`` (default ``<|en|>``) and ``task_id``
+    (default ``<|transcribe|>``; :mod:`transcription.language` picks both). ``prompt_ids`` (previous text /
+    vocabulary hints) are cut to their last ``max_prompt`` tokens (OpenAI uses half the 448-token context).
     """
     out: list[int] = []
     if prompt_ids:
         out = [tokens.sot_prev, *prompt_ids[-max_prompt:]]
     out.append(tokens.sot)
     if not tokens.english_only:
-        out += [tokens.language_base, tokens.transcribe]
+        out += [tokens.language_base if language_id is None else language_id,
+                tokens.transcribe if task_id is None else task_id]
     return out
 
 

