@@ -40,7 +40,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
-from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER, PCM_HEADER, PcmFormat
+from diarist.engine_wire import (ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTION_FIELDS, OPTIONS_HEADER, PCM_HEADER,
+                                  PcmFormat)
 from diarist.logs import job_context
 
 log = logging.getLogger("diarist.engine_server")
@@ -79,8 +80,7 @@ async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
 
 
 def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
-    allowed = {"language", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel"}
-    return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in allowed and v is not None})
+    return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in OPTION_FIELDS and v is not None})
 
 
 def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None) -> FastAPI:

@@ -21,6 +21,9 @@ class JobOptions(BaseModel):
     model: str | None = Field(None, description="Model name; see DIARIST_SERVED_MODELS. Default: the server's.")
     language: str | None = Field(None, max_length=16, description="ISO 639-1 code of the speech, e.g. `en`; "
                                  "one the server's model does not transcribe gets 422 unsupported_language.")
+    task: Literal["transcribe", "translate"] | None = Field(
+        None, description="`translate`: English text of speech in any language (multilingual Whisper only; "
+        "otherwise 422 unsupported_task). Unset: `transcribe`, text in the speech's language.")
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
     num_speakers: int | None = Field(None, ge=1, le=64, description="Speaker count, if known: the clustering "
                                      "makes exactly this many speakers, but one who never dominates a stretch of "
@@ -50,8 +53,8 @@ class JobOptions(BaseModel):
         return self
 
     def engine_options(self) -> dict[str, Any]:
-        return self.model_dump(include={"language", "prompt", "num_speakers", "min_speakers", "max_speakers",
-                                        "multichannel"}, exclude_none=True)
+        return self.model_dump(include={"language", "task", "prompt", "num_speakers", "min_speakers",
+                                        "max_speakers", "multichannel"}, exclude_none=True)
 
 
 class JobFromUrl(JobOptions):

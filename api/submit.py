@@ -38,7 +38,7 @@ class AudioSource:
 
 def resolve_model(services: Services, name: str | None) -> str:
     """The model to use; 422 ``unknown_model`` for a name the server does not serve."""
-    served = services.settings.served_models
+    served = services.settings.served_model_names
     if name is None:
         return services.settings.model
     if name not in served:
@@ -160,7 +160,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
 
-    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``,
+    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``, ``unsupported_task``,
     ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``,
     ``no_audio_stream``, ``empty_audio``, ``too_long``, ``too_short``; 503 ``database_unavailable``,
     ``storage_unavailable``, ``queue_unavailable`` (with Retry-After), which leave no row and no object
@@ -173,6 +173,9 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     if opts.language and langs and opts.language not in langs:
         raise ApiError(422, "unsupported_language", f"this server's model transcribes {', '.join(langs)} only; "
                        f"language={opts.language!r} was asked for")
+    if opts.task == "translate" and not st.can_translate:
+        raise ApiError(422, "unsupported_task", "this server's model is English-only and cannot translate; "
+                       "task=translate needs a multilingual Whisper (DIARIST_MODEL_PATH=base)")
     if opts.webhook_url:
         try:
             check_url(opts.webhook_url, st.webhook_allow_hosts)

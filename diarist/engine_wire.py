@@ -10,6 +10,8 @@ OPTIONS_HEADER = "x-diarist-options"
 """Request header carrying the job options as ASCII JSON; in the URL they (the prompt) would reach access logs."""
 JOB_ID_HEADER = "x-diarist-job-id"
 """Request header naming the job, so the engine server's log lines about the request carry its id."""
+OPTION_FIELDS = ("language", "task", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel")
+"""Job options a worker passes to the engine (``OPTIONS_HEADER``); the rest of a job's options stay in the service."""
 ADMISSION_CLASS_HEADER = "x-diarist-admission-class"
 """Request header naming the job's duration class (``short``, ``long``; absent: ``default``), which the engine
 server sets on every engine sequence of the request (``Sequence.admission_class``) for per-class admission."""

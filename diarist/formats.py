@@ -140,7 +140,7 @@ def to_verbose_json(t: Transcript) -> str:
     word timestamps.
     """
     body: dict = {
-        "task": "transcribe",
+        "task": t.task,
         "language": t.language or "",
         "duration": t.duration,
         "text": t.text,

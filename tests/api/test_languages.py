@@ -1,0 +1,41 @@
+"""The service's side of languages: which languages and tasks a server takes follows the model it serves
+(settings), and a request the model cannot honour is refused with a code before any job exists."""
+
+from __future__ import annotations
+
+from diarist.settings import Settings
+from engine.checkpoints import WHISPER_LANGUAGES
+from tests.conftest import data_file
+
+
+def test_defaults_follow_the_served_checkpoint():
+    tiny = Settings(_env_file=None)
+    assert tiny.accepted_languages == ["en"] and not tiny.can_translate
+    assert tiny.served_model_names == ["whisper", "whisper-1", "tiny.en"]
+    base = Settings(_env_file=None, model_path="base")
+    assert base.accepted_languages == list(WHISPER_LANGUAGES) and base.can_translate
+    assert base.served_model_names == ["whisper", "whisper-1", "base"]
+    a_dir = Settings(_env_file=None, model_path="/models/whisper-small")  # unknown: English unless told
+    assert a_dir.accepted_languages == ["en"] and a_dir.served_model_names == ["whisper", "whisper-1"]
+    assert Settings(_env_file=None, model_path="/models/x", languages=[]).can_translate
+    moss = Settings(_env_file=None, model="moss-td")
+    assert not moss.can_translate and moss.served_model_names == ["whisper", "whisper-1", "moss-td"]
+    assert Settings(_env_file=None, served_models=["x"]).served_model_names == ["x"]
+
+
+def test_translate_needs_a_multilingual_model(client, app_with):
+    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"task": "translate"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_task", r.text
+    r = client.post("/v1/audio/translations", files={"file": ("y.wav", wav)}, data={"model": "whisper-1"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_task", r.text
+    r = client.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"task": "summarize"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    base = app_with(model_path="base")
+    r = base.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"task": "translate", "language": "ja"})
+    assert r.status_code == 202, r.text
+    assert r.json()["options"]["task"] == "translate" and r.json()["options"]["language"] == "ja"
+    r = base.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"language": "xx"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_language"
+    r = base.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "tiny.en"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_model"
