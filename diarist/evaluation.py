@@ -97,14 +97,16 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
         if on_item:
             on_item(rec)
     return {"data_dir": str(data_dir), "collars_s_each_side": list(collars), "definitions": DEFINITIONS,
-            "overall": aggregate(records, collars), "items": records, "skipped_no_reference": skipped,
+            "overall": aggregate(records, collars), "by_language": by_language(records, collars),
+            "items": records, "skipped_no_reference": skipped,
             "unmatched_references": unmatched_references(data_dir, found)}
 
 
 def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...], timing: str,
               save_dir: str | Path | None) -> dict[str, Any]:
-    rec: dict[str, Any] = {"id": item.id, "references": {k: str(v) for k, v in
-                           (("txt", item.txt), ("stm", item.stm), ("rttm", item.rttm)) if v is not None}}
+    rec: dict[str, Any] = {"id": item.id, "ref_language": item_language(item.id),
+                           "references": {k: str(v) for k, v in
+                                          (("txt", item.txt), ("stm", item.stm), ("rttm", item.rttm)) if v is not None}}
     if item.approximate:
         rec["approximate_reference"] = True
     refs = load_references(item)
@@ -127,7 +129,8 @@ def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...
     processing = wall if timing == "wall" else (result.get("metrics") or {}).get("processing_s")
     rec.update(duration=t.duration, processing_s=processing,
                rtf=processing / t.duration if processing is not None and t.duration > 0 else None,
-               finish_reason=t.finish_reason, coverage=t.coverage, no_speech=t.no_speech, model=t.model)
+               finish_reason=t.finish_reason, coverage=t.coverage, no_speech=t.no_speech, model=t.model,
+               language=t.language, language_source=t.language_source)
     scored = score_item(refs, t, collars)
     if problems := scored.pop("reference_errors", None):
         rec.setdefault("reference_errors", []).extend(problems)
@@ -143,9 +146,28 @@ DEFINITIONS = {
     "der_jer": "pyannote.metrics, skip_overlap=False, UEM [0, duration]; der_cX/jer_cX: collar X s on each "
                "side of reference boundaries (md-eval -c X; pyannote collar=2X); hypothesis = segment turns",
     "rtf": "processing seconds / audio seconds",
+    "by_language": "the overall figures per ref_language: the language code that begins an item's folder name "
+                   "(en_..., zh_..., ja_...: the shared data's convention); 'other' for the rest (music, noise, "
+                   "mixed-language items); language/language_source: what the transcript says",
     "speaker_count_error": "hypothesis speakers - reference speakers (RTTM labels, else STM speakers, "
                            "else 0 for an empty transcript)",
 }
+
+
+def item_language(item_id: str) -> str:
+    """The language code that begins the item's folder name (``zh_aishell1.../x.wav`` -> ``zh``), else
+    ``"other"``."""
+    from engine.checkpoints import WHISPER_LANGUAGES
+
+    head = item_id.split("/", 1)[0].split("_", 1)[0].lower()
+    return head if head in WHISPER_LANGUAGES else "other"
+
+
+def by_language(records: list[dict], collars: tuple[float, ...] = (0.0, 0.25)) -> dict[str, dict[str, Any]]:
+    """:func:`aggregate` per ``ref_language`` (see ``DEFINITIONS["by_language"]``)."""
+    langs = sorted({r.get("ref_language", "other") for r in records})
+    return {lang: aggregate([r for r in records if r.get("ref_language", "other") == lang], collars)
+            for lang in langs}
 
 
 def _pool(records: list[dict], err: str, n: str) -> float | None:

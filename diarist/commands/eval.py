@@ -40,7 +40,8 @@ def _seconds(text: str) -> float:
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data_dir", help="folder of items laid out like ../shared/data (see MANIFEST.md)")
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
-    p.add_argument("--model-path", default=None, help="checkpoint directory (default: the bundled model)")
+    p.add_argument("--model-path", default=None, help="checkpoint directory, or a packaged Whisper: tiny.en (default) "
+                   "or base (multilingual)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.add_argument("--no-diarize", dest="diarize", action="store_false",
                    help="skip the speaker cascade (ASR-only scores; every segment gets one speaker)")
