@@ -32,6 +32,10 @@ TASKS: tuple[str, ...] = ("transcribe", "translate")
 
 LanguageSource = Literal["requested", "detected", "assumed"]
 
+CHARACTER_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "my", "yue"})
+"""Languages written without spaces between words: their word timestamps are per character (OpenAI
+whisper ``Tokenizer.split_to_word_tokens``), so speaker changes can fall inside a segment."""
+
 
 @dataclass(frozen=True)
 class LanguageChoice:

@@ -30,7 +30,7 @@ from transcription.whisper_decoding import (
     split_segments,
     whisper_prompt,
 )
-from transcription.language import LanguageChoice, WhisperLanguages
+from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.progress import EventFn, WindowProgress
 from transcription.repetition import RepetitionGuard
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
@@ -213,8 +213,10 @@ class Transcriber:
             return result
         seqs, choice = self._run_windows(wave, windows, opts, on_event, should_cancel)
         segments: list[dict] = []
+        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
         for w, seq in zip(windows, seqs, strict=True):
-            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps))
+            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps,
+                                                  split_characters=by_char))
         reasons = {s.finish_reason for s in seqs}
         finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
                        if r in reasons), FinishReason.STOP.value)
@@ -305,7 +307,8 @@ class Transcriber:
             return seq.stop_checker.kept_output(seq.output_ids)
         return seq.output_ids
 
-    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool) -> list[dict]:
+    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool,
+                         split_characters: bool = False) -> list[dict]:
         tok = self.engine.tokenizer
         output_ids = self._kept(seq)
         out = []
@@ -319,7 +322,7 @@ class Transcriber:
             if align_words is not None:
                 n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
-                                        self.alignment_heads, n_frames)
+                                        self.alignment_heads, n_frames, split_characters=split_characters)
         for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
             text = tok.decode(raw.token_ids).strip()
             if not text:

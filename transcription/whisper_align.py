@@ -114,11 +114,12 @@ def dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(rows[::-1]), np.array(cols[::-1])
 
 
-def _words(tokenizer, ids: list[int]) -> list[tuple[str, int, int, int]]:
+def _words(tokenizer, ids: list[int], split_characters: bool = False) -> list[tuple[str, int, int, int]]:
     """Group text tokens into words: ``(text, first token, end of the spoken part, end token)`` indices.
 
-    A word starts at a piece whose text begins with a space; other pieces (sub-words, trailing
-    punctuation) join the word before them. Trailing punctuation is part of the word's text but not of
+    A word starts at a piece whose text begins with a space (with ``split_characters``, for languages written
+    without spaces, at every piece that is not punctuation, as OpenAI whisper's ``split_tokens_on_unicode``);
+    other pieces (sub-words, trailing punctuation) join the word before them. Trailing punctuation is part of the word's text but not of
     its spoken part, so it does not stretch the word's end. Pieces are the shortest runs of tokens that
     decode to whole UTF-8 characters, so a multi-byte character split over tokens is never cut.
     """
@@ -128,7 +129,7 @@ def _words(tokenizer, ids: list[int]) -> list[tuple[str, int, int, int]]:
         piece = tokenizer.decode(ids[start:end])
         if "\ufffd" in piece and end < len(ids):
             continue
-        if not words or piece.startswith(" "):
+        if not words or piece.startswith(" ") or (split_characters and not all(ch in _PUNCT for ch in piece)):
             words.append([piece, start, end, end])
         else:
             w = words[-1]
@@ -167,7 +168,7 @@ def _tidy(words: list[dict], segments: list, seg_of: list[int]) -> None:
 
 
 def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list[int], output_ids: list[int],
-                alignment_heads: list[list[int]], num_frames: int) -> list[dict]:
+                alignment_heads: list[list[int]], num_frames: int, split_characters: bool = False) -> list[dict]:
     """Word timestamps for one decoded Whisper window.
 
     Args:
@@ -179,6 +180,8 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
         output_ids: generated ids; timestamp tokens and ``<|endoftext|>`` are dropped.
         alignment_heads: ``[[layer, head], ...]`` from the checkpoint config.
         num_frames: mel frames (10 ms each) of real audio in the window (``ceil(seconds * 100)``).
+        split_characters: words are single characters (token pieces), for text written without spaces
+            (Chinese, Japanese, Thai, ...: :data:`transcription.language.CHARACTER_LANGUAGES`).
     Returns:
         ``[{"word", "start", "end", "tokens", "segment"}]`` in order, times in seconds from the window
         start, ``0 <= start <= end <= num_frames / 100``, each start at or after the previous end;
@@ -210,7 +213,7 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
     segments = split_segments(tt, output_ids, limit)
     first_tok = np.cumsum([0] + [len(sg.token_ids) for sg in segments])
     out, seg_of = [], []
-    for word, a, spoken, b in _words(tokenizer, text):
+    for word, a, spoken, b in _words(tokenizer, text, split_characters):
         out.append({"word": word, "start": float(row_time[a]), "end": float(row_time[spoken]), "tokens": text[a:b]})
         seg_of.append(int(np.searchsorted(first_tok, a, side="right")) - 1)
     _tidy(out, segments, seg_of)

@@ -111,3 +111,17 @@ def test_base_honours_a_requested_language_and_translates_only_when_asked(base):
     assert (en["language"], en["language_source"], en["task"]) == ("zh", "detected", "translate")
     text = " ".join(s["text"] for s in en["segments"])
     assert text and not CJK.search(text) and re.search(r"[A-Za-z]{3}", text)
+
+
+def test_words_of_languages_without_spaces_are_characters():
+    """Chinese/Japanese word timestamps are per character (OpenAI's split_tokens_on_unicode), punctuation
+    joining the character before it; with spaces, words stay words."""
+    from transcription.whisper_align import _words
+
+    tok = TextTokenizer(_base_files() / "tokenizer.json")
+    ids = tok.encode("广州市房地产，中介协会。")
+    chars = [w for w, *_ in _words(tok, ids, split_characters=True)]
+    assert chars == ["广", "州", "市", "房", "地", "产，", "中", "介", "协", "会。"]
+    assert len(_words(tok, ids)) == 1  # no space: one "word" without the switch
+    assert [w for w, *_ in _words(tok, tok.encode(" Das ist gut."), split_characters=False)] == \
+        [" Das", " ist", " gut."]
