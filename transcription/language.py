@@ -68,14 +68,15 @@ class WhisperLanguages:
         tokenizer: the checkpoint's tokenizer (``<|xx|>`` language tokens).
         tokens: its special ids (:class:`WhisperTokens`).
         lang_ids: the checkpoint's language token ids (CTranslate2 ``config.json`` ``lang_ids``, Hugging Face
-            ``generation_config.json`` ``lang_to_id``); empty for an English-only checkpoint.
+            ``generation_config.json`` ``lang_to_id``); empty for an English-only checkpoint, or for an
+            export that does not list them: then the ids from ``<|en|>`` up to ``<|translate|>`` are read.
     """
 
     def __init__(self, tokenizer: TextTokenizer, tokens: WhisperTokens, lang_ids: list[int]) -> None:
         self.tokens = tokens
         self.id_of: dict[str, int] = {}
         if not tokens.english_only:
-            for i in lang_ids:
+            for i in lang_ids or range(tokens.language_base, tokens.translate):
                 name = tokenizer.decode([i], skip_special_tokens=False)
                 if name.startswith("<|") and name.endswith("|>"):
                     self.id_of[name[2:-2]] = i

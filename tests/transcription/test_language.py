@@ -38,6 +38,8 @@ def test_the_language_table_is_the_checkpoints(tmp_path):
                              json.loads((d / "config.json").read_text())["lang_ids"])
     assert langs.can_detect and langs.codes == WHISPER_LANGUAGES == PACKAGED["base"].languages
     assert langs.id_of["en"] == 50259 and langs.id_of["zh"] == 50260 and langs.id_of["ja"] == 50266
+    unlisted = WhisperLanguages(TextTokenizer(d / "tokenizer.json"), WhisperTokens.from_vocab(51865), [])
+    assert unlisted.id_of == langs.id_of  # an export without lang_ids: read from the tokens before translate
     t = WhisperTokens.from_vocab(51865)
     ja = langs.choose("ja", "transcribe", lambda: pytest.fail("a requested language is not detected"))
     assert ja == LanguageChoice("ja", "requested", None, "transcribe")
