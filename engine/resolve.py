@@ -62,6 +62,11 @@ def checkpoint_dtype(cfg: EngineConfig) -> str | None:
         path = bundled_whisper_dir()
     else:
         path = Path(cfg.model_path)
+        from engine.checkpoints import packaged_whisper
+
+        packaged = packaged_whisper(cfg.model_path) if cfg.model == "whisper" and not path.is_dir() else None
+        if packaged is not None and packaged.sources:  # split over packages: no model.bin on disk
+            return packaged.dtype
     if (path / "model.bin").is_file() and cfg.load_format in ("auto", "ct2"):
         return _ct2_dtype(path / "model.bin")
     conf_path = path / "config.json"

@@ -119,3 +119,15 @@ def test_read_from_a_file_equals_parse_of_its_bytes(tmp_path: Path) -> None:
     path = Path(whisper_dir()) / "model.bin"
     a, b = read_ct2_model_bin(path), parse_ct2_model_bin(path.read_bytes())
     assert a.spec == b.spec and a.tensors.keys() == b.tensors.keys()
+
+
+def test_the_pinned_dtype_is_the_assembled_files(tmp_path: Path) -> None:
+    """engine.resolve picks the CUDA dtype from the checkpoint; for base (no model.bin on disk) it takes the
+    table's, which must be what the assembled file holds."""
+    from engine.config import EngineConfig
+    from engine.resolve import _ct2_dtype, checkpoint_dtype
+
+    src = PACKAGED["base"].sources[0]
+    (tmp_path / "model.bin").write_bytes(assemble_source(src, _installed(src)).model_bin)
+    assert checkpoint_dtype(EngineConfig(model="whisper", model_path="base")) == PACKAGED["base"].dtype
+    assert _ct2_dtype(tmp_path / "model.bin") == PACKAGED["base"].dtype == "float16"
