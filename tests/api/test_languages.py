@@ -39,3 +39,16 @@ def test_translate_needs_a_multilingual_model(client, app_with):
     assert r.status_code == 422 and r.json()["error"]["code"] == "unsupported_language"
     r = base.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "tiny.en"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_model"
+
+
+def test_task_reaches_the_engine_over_the_wire():
+    """The worker sends OPTION_FIELDS in the options header; the engine server builds TranscribeOptions from
+    the same list, so task arrives (and a field outside it does not)."""
+    from api.engine_server import _options
+    from diarist.engine_wire import OPTION_FIELDS
+    from transcription.transcriber import TranscribeOptions
+
+    assert "task" in OPTION_FIELDS and "language" in OPTION_FIELDS
+    opts = _options(TranscribeOptions, {"task": "translate", "language": "ja", "webhook_url": "http://x"})
+    assert (opts.task, opts.language) == ("translate", "ja")
+    assert _options(TranscribeOptions, {}).task == "transcribe"
