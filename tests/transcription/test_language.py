@@ -101,6 +101,16 @@ def test_base_detects_japanese_and_transcribes_it_in_japanese(base):
     import jiwer
 
     assert jiwer.cer(ref, text.rstrip("。")) <= 0.2
+    import json
+
+    from diarist.formats import to_verbose_json
+    from diarist.transcript import Transcript
+
+    t = Transcript.from_engine(r)  # what the service stores and serves
+    assert (t.language, t.language_source, t.task) == ("ja", "detected", "transcribe")
+    assert t.language_probability == pytest.approx(r["language_probability"])
+    body = json.loads(to_verbose_json(t))
+    assert (body["language"], body["task"]) == ("ja", "transcribe")
 
 
 @pytest.mark.slow
@@ -113,6 +123,9 @@ def test_base_honours_a_requested_language_and_translates_only_when_asked(base):
     assert (en["language"], en["language_source"], en["task"]) == ("zh", "detected", "translate")
     text = " ".join(s["text"] for s in en["segments"])
     assert text and not CJK.search(text) and re.search(r"[A-Za-z]{3}", text)
+    from diarist.transcript import Transcript
+
+    assert Transcript.from_engine(en).task == "translate"
 
 
 def test_words_of_languages_without_spaces_are_characters():
