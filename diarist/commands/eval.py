@@ -135,6 +135,9 @@ def format_table(report: dict) -> str:
                              for c in cols)
                  + f"; speaker count within ±1: {o['speaker_count_within_1']}/{o['speaker_count_items']}; "
                    f"RTF {_fmt(o['rtf'], False)}")
+    for lang, g in (report.get("by_language") or {}).items():
+        lines.append(f"  {lang}: {g['items']} items; WER {pct(g['wer'])}, CER {pct(g['cer'])}, "
+                     f"RTF {_fmt(g['rtf'], False)}")
     return "\n".join(lines)
 
 

@@ -52,3 +52,11 @@ def test_task_reaches_the_engine_over_the_wire():
     opts = _options(TranscribeOptions, {"task": "translate", "language": "ja", "webhook_url": "http://x"})
     assert (opts.task, opts.language) == ("translate", "ja")
     assert _options(TranscribeOptions, {}).task == "transcribe"
+
+
+def test_translations_route_is_in_the_schema(client):
+    spec = client.get("/openapi.json").json()
+    form = spec["paths"]["/v1/audio/translations"]["post"]
+    assert "422" in form["responses"]
+    jobs = spec["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert "task" in str(jobs) or "task" in str(spec["components"])
