@@ -28,12 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.config import DeviceUnavailable  # torch-free
+    from engine.checkpoints import CheckpointError  # torch-free
+    from engine.config import DeviceUnavailable
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except DeviceUnavailable as e:  # every command that builds an engine: one line, not a traceback
+    except (DeviceUnavailable, CheckpointError) as e:  # every command that builds an engine: one line
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,6 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
+class CheckpointError(ValueError):
+    """Raised when a checkpoint file is missing, truncated or of an unsupported layout (``code``
+    ``bad_model``; the CLI prints it as one line and exits 2). Torch-free, so the CLI can catch it."""
+
+    code = "bad_model"
+
 WHISPER_LANGUAGES: tuple[str, ...] = (
     "en", "zh", "de", "es", "ru", "ko", "fr", "ja", "pt", "tr", "pl", "ca", "nl", "ar", "sv", "it", "id", "hi",
     "fi", "vi", "he", "uk", "el", "ms", "cs", "ro", "da", "hu", "ta", "no", "th", "ur", "hr", "bg", "lt", "la",

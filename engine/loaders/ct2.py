@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.checkpoints import CheckpointError  # defined torch-free there; importable from here as before
+
 _DTYPES: dict[int, np.dtype] = {
     0: np.dtype("<f4"),
     1: np.dtype("i1"),
@@ -39,9 +41,6 @@ _DTYPES: dict[int, np.dtype] = {
     4: np.dtype("<f2"),
 }
 
-
-class CheckpointError(ValueError):
-    """Raised when a checkpoint file is missing, truncated or of an unsupported layout."""
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoints import PackagedWhisper, SplitSource
-from engine.loaders.ct2 import CheckpointError
+from engine.checkpoints import CheckpointError, PackagedWhisper, SplitSource
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +25,8 @@ _READ_CHUNK = 8 << 20
 class ChecksumMismatch(CheckpointError):
     """An assembled checkpoint (or one of its files) does not have its pinned SHA-256: a corrupt,
     truncated or substituted part. Nothing is loaded."""
+
+    code = "checksum_mismatch"
 
 
 @dataclass(frozen=True)

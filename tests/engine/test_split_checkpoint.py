@@ -131,3 +131,14 @@ def test_the_pinned_dtype_is_the_assembled_files(tmp_path: Path) -> None:
     (tmp_path / "model.bin").write_bytes(assemble_source(src, _installed(src)).model_bin)
     assert checkpoint_dtype(EngineConfig(model="whisper", model_path="base")) == PACKAGED["base"].dtype
     assert _ct2_dtype(tmp_path / "model.bin") == PACKAGED["base"].dtype == "float16"
+
+
+def test_a_bad_checkpoint_is_one_line_from_the_cli(tmp_path: Path, capsys) -> None:
+    """``diarist engine`` (and every command that builds an engine) prints a checkpoint error as one line
+    with its code and exits 2; a checksum mismatch has its own code."""
+    from diarist.cli import main
+
+    assert main(["engine", "--model-path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("diarist: error: bad_model: ") and "\n" not in err
+    assert issubclass(ChecksumMismatch, CheckpointError) and ChecksumMismatch.code == "checksum_mismatch"
