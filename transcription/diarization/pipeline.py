@@ -31,6 +31,7 @@ from transcription.cancel import ShouldCancel, check
 from transcription.diarization.activity import aggregate, frame_edges, grid_size
 from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
 from transcription.diarization.embedders import default_embedder
+from transcription.diarization.overlap import add_overlap_speakers, overlapping_unassigned
 from transcription.diarization.segmentation import CHUNK_S, FRAME_STEP, frame_centres, segment_cached, to_multilabel
 from transcription.diarization.turns import Turn, activity_to_turns, number_by_appearance
 
@@ -118,6 +119,12 @@ def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, m
                                 min_cluster_s=MIN_CLUSTER_S, mass=mass)
     cent = np.stack([emb[train][labels == g].mean(0) for g in range(labels.max() + 1)])
     return cent / np.maximum(np.linalg.norm(cent, axis=1, keepdims=True), 1e-12)
+
+
+def _room(found: int, num_speakers: int | None, max_speakers: int | None) -> int | None:
+    """How many overlap-only speakers may be added to ``found`` clusters under the hints (None: any)."""
+    cap = num_speakers if num_speakers is not None else max_speakers
+    return None if cap is None else max(0, cap - found)
 
 
 def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=None):
@@ -234,7 +241,11 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
                         num_speakers, min_speakers, max_speakers)
         assigned = assign_to_centroids(emb, cent, [c for c, _ in items])
-        nearest = np.argmax(emb @ cent.T, axis=1)
+        nearest = np.argmax(emb @ cent.T, axis=1)  # before the overlap speakers: they take no spare frames
+        room = _room(len(cent), num_speakers, max_speakers)
+        cent, assigned = add_overlap_speakers(
+            emb, cent, assigned, overlapping_unassigned(act, items, assigned, round(MIN_ACTIVE_S / DT)),
+            THRESHOLD if threshold is None else threshold, room)
         active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech, nearest)
     else:
         active = np.zeros((num, 1), bool)
