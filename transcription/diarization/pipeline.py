@@ -103,13 +103,34 @@ def _embed_local_speakers(wave, offsets, act, embedder, should_cancel: ShouldCan
     return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks, should_cancel=should_cancel)
 
 
+def implied_speakers(items: list[tuple[int, int]], clean_s: np.ndarray) -> int:
+    """The most local speakers with ``TRAIN_CLEAN_S`` of solo speech in any one chunk: segmentation-3.0
+    says they are different people (the constraint the Hungarian mapping applies too), so the recording
+    has at least that many speakers (0 when no chunk has one)."""
+    per_chunk: dict[int, int] = {}
+    for (c, _), s in zip(items, clean_s, strict=True):
+        if s >= TRAIN_CLEAN_S:
+            per_chunk[c] = per_chunk.get(c, 0) + 1
+    return max(per_chunk.values(), default=0)
+
+
+def lower_bound(implied: int, num_speakers: int | None, min_speakers: int | None, max_speakers: int | None) -> int:
+    """Fewest speakers the turns must hold: ``num_speakers`` when given, else the larger of
+    ``min_speakers`` and the ``implied`` count, never above ``max_speakers``."""
+    if num_speakers is not None:
+        return num_speakers
+    lo = max(min_speakers or 1, implied)
+    return lo if max_speakers is None else min(lo, max_speakers)
+
+
 def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, max_speakers):
     """Global speaker centroids ``[g, d]`` from the embeddings with enough solo speech.
 
-    A cluster's mass for ``MIN_CLUSTER_S`` is the time its members talk alone, counted once per
-    global frame (each frame is seen by several chunks)."""
+    ``min_speakers`` here already includes the implied count (:func:`lower_bound`). A cluster's mass for
+    ``MIN_CLUSTER_S`` is the time its members talk alone, counted once per global frame (each frame is
+    seen by several chunks)."""
     train = np.flatnonzero(clean_s >= TRAIN_CLEAN_S)
-    if len(train) == 0:  # nobody talks alone for 2 s in any chunk: use what there is
+    if len(train) < (num_speakers or min_speakers or 1):  # too few to give the count asked: use all there is
         train = np.arange(len(emb))
 
     def mass(rows: np.ndarray) -> float:
@@ -237,17 +258,28 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
 
     items, clean_s, solo_frames, emb = _embed_local_speakers(wave, offsets, act, embedder, should_cancel)
     check(should_cancel)
+    wanted = lower_bound(implied_speakers(items, clean_s), num_speakers, min_speakers, max_speakers)
     if items:
-        cent = _cluster(emb, clean_s, solo_frames, THRESHOLD if threshold is None else threshold,
-                        num_speakers, min_speakers, max_speakers)
+        thr = THRESHOLD if threshold is None else threshold
+        cent = _cluster(emb, clean_s, solo_frames, thr, num_speakers,
+                        None if num_speakers is not None else wanted, max_speakers)
         assigned = assign_to_centroids(emb, cent, [c for c, _ in items])
         nearest = np.argmax(emb @ cent.T, axis=1)  # before the overlap speakers: they take no spare frames
-        room = _room(len(cent), num_speakers, max_speakers)
         cent, assigned = add_overlap_speakers(
             emb, cent, assigned, overlapping_unassigned(act, items, assigned, round(MIN_ACTIVE_S / DT)),
-            THRESHOLD if threshold is None else threshold, room)
+            thr, _room(len(cent), num_speakers, max_speakers))
         active = _reconstruct(offsets, act, items, assigned, num, len(cent), in_speech, nearest)
     else:
         active = np.zeros((num, 1), bool)
     active = _fill_silent_regions(active, speech, num)
-    return number_by_appearance(_clip(activity_to_turns(active, frame_edges(num)), speech))
+    turns = number_by_appearance(_clip(activity_to_turns(active, frame_edges(num)), speech))
+    if len({t.speaker for t in turns}) < wanted:
+        # Fewer speakers hold a frame than are asked for (or than two local speakers of one chunk prove):
+        # the voices share local speakers of segmentation-3.0 (dev00: two talkers in one local speaker in
+        # 9 of 10 chunks), so the reconstruction cannot separate them. Embeddings of short windows can:
+        # the window pipeline, at exactly that count (docs/diarization.md: "Speaker-count hints").
+        from transcription.diarization.windows import diarize_windows
+
+        turns = diarize_windows(wave, speech, wanted, embedder=embedder, threshold=threshold)
+        check(should_cancel)
+    return turns
