@@ -92,12 +92,14 @@ def test_turns_are_sorted_inside_speech_and_numbered_by_appearance():
     assert first == list(range(len(first)))
 
 
-def test_ami_excerpts_meet_the_35_percent_target():
-    """Mean DER of the turns over the three AMI excerpts, measured 29.6% (dev00 27.4%: its two male
-    talkers share one local speaker in most chunks; trn05 4.2%; trn07 57.2%: 4 s of one talker's quiet
-    speech is heard by neither VAD model). The transcript-level figure is in benchmarks/results."""
+def test_ami_excerpts_meet_the_27_percent_target():
+    """Mean DER of the turns over the three AMI excerpts, measured 23.6% (dev00 9.5%: its two male talkers
+    share one local speaker in 9 of 10 chunks, the window embeddings separate them; trn05 4.2%; trn07
+    57.2%: 4 s of one talker's quiet speech is heard by neither VAD model). Before the speaker-count
+    constraint 29.6% (dev00 27.4%, one speaker). The transcript-level figure is in benchmarks/results."""
     ders = [_der(stem, _run(stem)[2]) for stem in AMI]
-    assert np.mean(ders) <= 0.35, ders
+    assert np.mean(ders) <= 0.27, ders
+    assert _der(AMI[0], _run(AMI[0])[2]) <= 0.15, ders
 
 
 def test_speaker_count_within_one_on_two_speaker_items():
@@ -123,6 +125,15 @@ def test_hints_change_the_count():
     wave, speech, _ = _run(PHONE)
     with pytest.raises(ValueError):
         diarize(wave, speech, min_speakers=3, max_speakers=2)
+
+
+@pytest.mark.parametrize(("stem", "n"), [(AMI[0], 2), (AMI[1], 3), (AMI[1], 4)])
+def test_a_speaker_count_hint_is_honoured_above_the_natural_cut(stem, n):
+    """dev00 has 2 voices and trn05 4, yet their local speakers blend voices (dev00) or never hold the minor
+    talkers (trn05: 2 speakers found): asking for n must still give n (measured before: dev00 2 -> 1,
+    trn05 3 -> 2, 4 -> 3)."""
+    assert len({t.speaker for t in _run(stem, num_speakers=n)[2]}) == n
+    assert len({t.speaker for t in _run(stem, min_speakers=n)[2]}) >= n
 
 
 def _union_s(turns):
