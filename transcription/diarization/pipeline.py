@@ -11,8 +11,14 @@ here from its description; models: ``segmentation-3.0`` and CAM++).
    ``MIN_CLUSTER_S`` of solo speech folded into their neighbour); then every
    local speaker is mapped to a global speaker, chunk by chunk, with the constraint that two local
    speakers of one chunk are two different people (``cluster.assign_to_centroids``).
+   A local speaker left unassigned that the model hears *over* another one of its chunk is a speaker
+   of its own (``overlap.py``): it never talks alone, so it proposed no cluster.
 4. Each frame gets as many speakers as the chunks that see it say talk there (their mean count,
    rounded), taking the global speakers with the most support from the chunks; runs become turns.
+5. Speaker count: a chunk with two local speakers that each talk alone for ``TRAIN_CLEAN_S`` implies
+   two speakers (:func:`implied_speakers`), and ``num_speakers`` / ``min_speakers`` ask for a count. If
+   the turns hold fewer speakers than that, the voices share local speakers, which no reconstruction
+   can undo; the window pipeline (``windows.py``: 1.5 s CAM++ windows) is run at that count instead.
 
 Overlap (the documented choice): turns are overlap-aware, so two speakers can hold one instant, as in
 the reference annotations DER is scored against. A transcript still carries each word once:
@@ -219,6 +225,8 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         wave: float32 ``[n]`` mono PCM at 16 kHz.
         speech: speech regions ``(start, end)`` in seconds, sorted and disjoint (``detect_speech``).
         num_speakers: exact speaker count; min_speakers / max_speakers: bounds on the automatic count.
+            The turns hold exactly ``num_speakers`` (at least ``min_speakers``, at most
+            ``max_speakers``) whenever the speech gives that many embedding windows (step 5 above).
         embedder: an object with ``name`` and ``embed(wave, windows[, masks]) -> [n, d]`` (default CAM++);
             anything but CAM++ uses the window pipeline (``windows.py``).
         threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
@@ -280,6 +288,7 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         # the window pipeline, at exactly that count (docs/diarization.md: "Speaker-count hints").
         from transcription.diarization.windows import diarize_windows
 
-        turns = diarize_windows(wave, speech, wanted, embedder=embedder, threshold=threshold)
+        turns = diarize_windows(wave, speech, wanted, embedder=embedder, threshold=threshold,
+                                should_cancel=should_cancel)
         check(should_cancel)
     return turns

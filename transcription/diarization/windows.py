@@ -1,6 +1,7 @@
 """Fallback diarization without a segmentation model: sliding-window embeddings ▸ clustering ▸ frame
-labels ▸ turns. Used when ``segmentation-3.0`` is unavailable or another embedder is asked for
-(``pipeline.diarize``); measured against the default in docs/diarization.md.
+labels ▸ turns. Used when ``segmentation-3.0`` is unavailable or another embedder is asked for, and when
+the segmentation pipeline's turns hold fewer speakers than a hint or its own evidence asks for
+(``pipeline.diarize``, step 5); measured against the default in docs/diarization.md.
 
 Windows of ``WINDOW_S`` seconds every ``HOP_S`` seconds tile each speech region (a region shorter than
 one window gets one window, widened to ``WINDOW_S`` around its centre where the recording allows, so
@@ -31,6 +32,12 @@ FRAME_S = 0.01
 """Resolution of the speaker labels (seconds)."""
 MIN_REGION_S = 0.1
 """Speech regions shorter than this are ignored (too short to hold a word)."""
+
+MAX_CLUSTERED = 4000
+"""Most windows the dendrogram is built from (average linkage keeps all ``n (n - 1) / 2`` distances: 4000
+windows = 64 MB, about 25 minutes of continuous speech); beyond it an evenly spaced subset is clustered
+and every other window takes the nearest cluster centroid (cosine), so memory stays bounded at any
+length."""
 
 THRESHOLDS = {"campplus": 0.6, "ge2e": 0.3}
 """Cosine-distance cut of the average-linkage dendrogram, per embedding model (docs/diarization.md)."""
@@ -74,7 +81,7 @@ def _turns(speech: list[tuple[float, float]], windows: list[tuple[float, float]]
 
 def diarize_windows(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
-            threshold: float | None = None) -> list[Turn]:
+            threshold: float | None = None, should_cancel=None) -> list[Turn]:
     """Who speaks when, within the given speech regions, from fixed windows (one speaker per instant).
 
     Args:
@@ -83,11 +90,14 @@ def diarize_windows(wave: np.ndarray, speech: list[tuple[float, float]], num_spe
         num_speakers: exact speaker count; min_speakers / max_speakers: bounds on the automatic count.
         embedder: an object with ``name`` and ``embed(wave, windows) -> [n, d]`` (default CAM++).
         threshold: clustering cut (cosine distance); default ``THRESHOLDS[embedder.name]``.
+        should_cancel: passed to the embedder (CAM++ polls it between batches); ``None`` for embedders
+            that take none (GE2E).
     Returns:
         Non-overlapping turns sorted by start, inside the speech regions; speakers ``0..k-1`` numbered by
         first appearance. ``[]`` when there is no speech.
     Raises:
         ValueError: inconsistent speaker-count hints.
+        Canceled: ``should_cancel()`` returned True while embedding.
     """
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
     duration = wave.size / SAMPLE_RATE
@@ -97,8 +107,23 @@ def diarize_windows(wave: np.ndarray, speech: list[tuple[float, float]], num_spe
     if not windows:
         return []
     embedder = embedder or default_embedder()
-    emb = embedder.embed(wave, windows)
+    emb = (embedder.embed(wave, windows) if should_cancel is None
+           else embedder.embed(wave, windows, should_cancel=should_cancel))
     weight = np.full(len(windows), HOP_S)
     thr = THRESHOLDS.get(embedder.name, 0.5) if threshold is None else threshold
-    labels = cluster_embeddings(emb, thr, num_speakers, min_speakers, max_speakers, weight=weight)
+    labels = _cluster_bounded(emb, weight, thr, num_speakers, min_speakers, max_speakers)
     return _turns(speech, windows, labels)
+
+
+def _cluster_bounded(emb, weight, threshold, num_speakers, min_speakers, max_speakers) -> np.ndarray:
+    """``cluster_embeddings`` on at most ``MAX_CLUSTERED`` windows; the others join the nearest centroid."""
+    if len(emb) <= MAX_CLUSTERED:
+        return cluster_embeddings(emb, threshold, num_speakers, min_speakers, max_speakers, weight=weight)
+    rows = np.unique(np.linspace(0, len(emb) - 1, MAX_CLUSTERED).round().astype(int))
+    scale = len(emb) / len(rows)  # each clustered window stands for this many, for ``min_cluster_s``
+    sub = cluster_embeddings(emb[rows], threshold, num_speakers, min_speakers, max_speakers,
+                             weight=weight[rows] * scale)
+    cent = np.stack([emb[rows][sub == g].mean(0) for g in range(sub.max() + 1)])
+    labels = np.argmax(emb @ cent.T, axis=1)
+    labels[rows] = sub  # the clustered windows keep their own cluster
+    return labels

@@ -72,3 +72,13 @@ def test_mass_callable_decides_folding():
     # rows overlap in time, so the small cluster's mass is what the callable says, not a sum of weights
     assert set(cluster_embeddings(x, 0.6, mass=lambda rows: 1.0 if rows[-1] else 10.0)) == {0}
     assert _same_partition(cluster_embeddings(x, 0.6, mass=lambda rows: 3.0), truth)
+
+
+def test_window_clustering_is_bounded_and_keeps_the_speakers(monkeypatch):
+    from transcription.diarization import windows
+
+    x, truth = _blobs([300, 200, 500])
+    monkeypatch.setattr(windows, "MAX_CLUSTERED", 100)  # 1000 windows: 100 clustered, 900 by nearest centroid
+    labels = windows._cluster_bounded(x, np.full(len(x), 0.375), 0.6, None, None, None)
+    assert _same_partition(labels, truth)
+    assert len(set(windows._cluster_bounded(x, np.full(len(x), 0.375), 0.6, 2, None, None))) == 2
