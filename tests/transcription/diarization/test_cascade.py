@@ -37,3 +37,16 @@ def test_whisper_result_carries_the_diarization_turns(whisper_engine):
     assert all(0 <= t["start"] < t["end"] <= result["duration"] for t in turns)
     t = Transcript.from_engine(result)
     assert t.turns is not None and {x.speaker for x in t.turns} == set(t.speakers) == {"S01", "S02"}
+
+
+def test_num_speakers_is_honoured_in_the_transcript(whisper_engine):
+    """The issue's report: ``num_speakers=2`` on dev00 (2 talkers) gave 1 speaker. The transcript's speaker
+    list (what the job's ``num_speakers`` reports) must hold 2, and both must carry words."""
+    from diarist.transcript import Transcript
+    from transcription.transcriber import TranscribeOptions, Transcriber
+
+    result = Transcriber(whisper_engine).transcribe(
+        data_file("en_ami_meeting_dev00_2spk/dev00.wav"), TranscribeOptions(diarize=True, num_speakers=2))
+    t = Transcript.from_engine(result)
+    assert len(t.speakers) == 2
+    assert {s.speaker for s in t.segments if s.text.strip()} == set(t.speakers)
