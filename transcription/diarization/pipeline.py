@@ -285,7 +285,7 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         # Fewer speakers hold a frame than are asked for (or than two local speakers of one chunk prove):
         # the voices share local speakers of segmentation-3.0 (dev00: two talkers in one local speaker in
         # 9 of 10 chunks), so the reconstruction cannot separate them. Embeddings of short windows can:
-        # the window pipeline, at exactly that count (docs/diarization.md: "Speaker-count hints").
+        # the window pipeline, at exactly that count (docs/diarization.md: "Overlapped speech and speaker counts").
         from transcription.diarization.windows import diarize_windows
 
         turns = diarize_windows(wave, speech, wanted, embedder=embedder, threshold=threshold,
