@@ -102,8 +102,9 @@ def main(data_dir: str, out: str) -> None:
             print(rttm.parent.name, json.dumps({k: r[k] for k in ("speakers", "c0.25", "overlap_regions_c0")}),
                   file=sys.stderr, flush=True)
     ami = [v["c0.25"]["der"] for k, v in items.items() if "_ami_meeting_" in k]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "transcription"], capture_output=True,
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "transcription"], capture_output=True, check=False,
                                 text=True).stdout.strip())
     report = {"command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]), "git_commit": commit,
               "transcription_dirty": dirty, "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -29,8 +29,8 @@ from transcription.diarization import diarize
 
 PARTS = [  # (part, voice, file, seconds kept or None for all)
     ("jfk", "JFK", "en_jfk_inaugural/jfk.flac", None),
-    ("music", None, "music_brahms_hungarian_dance5_ogg/"
-                    "Hungarian_Dance_number_5_-_Allegro_in_F_sharp_minor_(string_orchestra).ogg", 20.0),
+    ("music", None, ("music_brahms_hungarian_dance5_ogg/"
+                     "Hungarian_Dance_number_5_-_Allegro_in_F_sharp_minor_(string_orchestra).ogg"), 20.0),
     ("librispeech_1995", "LS1995", "en_librispeech_1995-1837-0001/librispeech-1995-1837-0001.wav", None),
     ("phone_call", "rttm", "en_2spk_phonecall_pyannote_sample/sample.wav", None),
     ("reader_en_de", "READER", "multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3", None),
@@ -76,7 +76,8 @@ def main(data_dir: str, out: str) -> None:
     d = DiarizationErrorRate(collar=0.5, skip_overlap=False)(ref, hyp, uem=Timeline([Segment(0, t)]), detailed=True)
     report = {
         "command": " ".join(shlex.quote(a) for a in ["python", *sys.argv]),
-        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                     check=False).stdout.strip(),
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "what": __doc__.split("\n\n")[0], "duration_s": round(t, 2), "voices": len(ref.labels()),
         "labels_found": len(hyp.labels()), "phantom_s_on_music": sum(parts["music"]["labelled_s"].values()),
