@@ -25,11 +25,11 @@ class JobOptions(BaseModel):
         None, description="`translate`: English text of speech in any language (multilingual Whisper only; "
         "otherwise 422 unsupported_task). Unset: `transcribe`, text in the speech's language.")
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
-    num_speakers: int | None = Field(None, ge=1, le=64, description="Speaker count, if known: the clustering "
-                                     "makes exactly this many speakers, but one who never dominates a stretch of "
-                                     "speech does not appear, so a transcript can show fewer.")
-    min_speakers: int | None = Field(None, ge=1, le=64)
-    max_speakers: int | None = Field(None, ge=1, le=64)
+    num_speakers: int | None = Field(None, ge=1, le=64, description="Speaker count, if known: the transcript "
+                                     "lists exactly this many speakers whenever there is enough speech to embed "
+                                     "that many windows (1.5 s windows, 0.375 s apart).")
+    min_speakers: int | None = Field(None, ge=1, le=64, description="Fewest speakers (same condition).")
+    max_speakers: int | None = Field(None, ge=1, le=64, description="Most speakers.")
     multichannel: bool = Field(False, description="One speaker per channel.")
     webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
 
