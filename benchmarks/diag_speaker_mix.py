@@ -6,7 +6,8 @@ Seven voices: JFK (twice, from two files: one voice), LibriSpeech 1995 and 1272,
 talkers, the English/German reader, AMI headset FEE041. Reported: labels found, seconds of each label in
 each part, seconds labelled inside the music (a phantom), and two pyannote.metrics figures against a
 reference built from the parts (the phone call from its RTTM, every other part one voice over the
-cascade's own speech regions inside it, so only speaker errors count): confusion seconds and DER.
+cascade's own speech regions inside it, so only speaker errors count): confusion seconds and DER. Then
+the labels found with ``num_speakers`` 5-8, ``min_speakers=8`` and ``max_speakers=5``.
 
 Run from the repo root: PYTHONPATH=. python benchmarks/diag_speaker_mix.py ../shared/data OUT.json
 """
@@ -83,9 +84,13 @@ def main(data_dir: str, out: str) -> None:
         "labels_found": len(hyp.labels()), "phantom_s_on_music": sum(parts["music"]["labelled_s"].values()),
         "der_c0.25": round(d["diarization error rate"], 4), "confusion_s": round(d["confusion"], 3),
         "parts": parts,
+        "speakers_with_hint": {f"{k}={n}": len({x.speaker for x in diarize(wave, speech, **{k: n})})
+                               for k, n in [("num_speakers", 5), ("num_speakers", 6), ("num_speakers", 7),
+                                            ("num_speakers", 8), ("min_speakers", 8), ("max_speakers", 5)]},
     }
     Path(out).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({k: report[k] for k in ("voices", "labels_found", "phantom_s_on_music", "der_c0.25")}))
+    print(json.dumps({k: report[k] for k in ("voices", "labels_found", "phantom_s_on_music", "der_c0.25",
+                                             "speakers_with_hint")}))
 
 
 if __name__ == "__main__":
