@@ -11,7 +11,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI
 
-from api import admin, errors
+from api import admin, errors, metrics
 from api.routes import events, health, jobs, openai
 from diarist.metrics import ServiceMetrics
 from diarist.services import Services
@@ -49,7 +49,8 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(openai.router)
-    app.include_router(admin.router)  # /admin dashboard and /metrics
+    app.include_router(admin.router)  # /admin dashboard
+    app.include_router(metrics.router)  # /metrics
     return app
 
 

@@ -186,7 +186,7 @@ def api_metrics(request: Request) -> Response:
     app = request.app
     reg = getattr(app.state, "metrics_registry", None)
     if reg is None:
-        from api.admin.engines import engine_stats  # not at import: api.admin imports this module
+        from api.admin.engines import engine_stats  # not at import: the engine server has no dashboard
 
         services = app.state.services
         collectors: list[Any] = [services.metrics, JobsCollector(services.db),

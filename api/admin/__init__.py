@@ -1,4 +1,4 @@
-"""The admin dashboard (``/admin``) and Prometheus ``/metrics``: one router for ``create_app`` to include.
+"""The admin dashboard (``/admin``): one router for ``create_app`` to include (``/metrics`` is ``api.metrics``).
 
 Pages are server-rendered (Jinja2, ``api/templates/admin``) with small local JS and CSS and the vendored
 uPlot (``api/static/admin``); nothing is loaded from another origin. Only admin keys get in (a login form
@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api import metrics
 from api.admin import job_views, views
 
 router = APIRouter()
 router.include_router(views.router)
 router.include_router(job_views.router)
-router.include_router(metrics.router)
