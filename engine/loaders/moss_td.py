@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError
-from engine.loaders.registry import LoadedModel, _dtype
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
 from engine.models.moss_td_prompt import read_marker_interval
 from engine.tokenizer import TextTokenizer
@@ -133,7 +133,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
             _copy_weights(model, path)
         else:
             _init_random(model, cfg.seed, float(conf.get("init_std", 0.02)), device)
-    model = model.to(dtype=_dtype(cfg.dtype)).eval()
+    model = model.to(dtype=torch_dtype(cfg.dtype)).eval()
     if device.type != "meta":
         model.fuse_projections()  # last: Module.to would split the fused weights again
     tok_file = ASSET_TOKENIZER

