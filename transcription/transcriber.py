@@ -23,6 +23,7 @@ import torch
 
 from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
+from transcription.errors import EngineError
 from engine.engine import Engine
 from transcription.whisper_decoding import (
     WhisperTimestampRules,
@@ -51,12 +52,6 @@ def window_budget(window_s: float) -> int:
     """Default ``max_new_tokens`` of one Whisper window: ``max(64, ceil(10 * window_s))`` tokens, later
     clamped by the scheduler to the context left (448 minus the prompt for Whisper)."""
     return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
-
-
-class EngineError(RuntimeError):
-    """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
-
-    code = "engine_error"
 
 
 @dataclass
