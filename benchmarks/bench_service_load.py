@@ -96,7 +96,7 @@ def count_transcripts(objects_dir: Path) -> dict[str, int]:
 
 
 def embedded(args: argparse.Namespace, audio: bytes) -> dict:
-    from diarist.commands.stack import EmbeddedStack, embedded_settings
+    from cli.commands.stack import EmbeddedStack, embedded_settings
 
     with tempfile.TemporaryDirectory(prefix="diarist-load-") as d:
         st = embedded_settings(data_dir=d, short_concurrency=args.workers, long_concurrency=1,

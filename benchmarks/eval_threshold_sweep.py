@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 import transcription.diarization.pipeline as P
-from diarist.commands.eval import engine_transcribe_fn
+from cli.commands.eval import engine_transcribe_fn
 from diarist.evaluation import evaluate
 
 ITEMS = ["en_2spk*", "en_ami_meeting*", "multi_en_de*"]

@@ -141,13 +141,13 @@ def free_port() -> int:
 
 
 class Embedded:
-    """One process: :class:`diarist.commands.stack.EmbeddedStack` (API, Celery on ``memory://`` with worker
+    """One process: :class:`cli.commands.stack.EmbeddedStack` (API, Celery on ``memory://`` with worker
     threads, SQLite, local store) around ``engine``, whose loop runs while the stack does."""
 
     name = "embedded"
 
     def __init__(self, engine: Any, data_dir: Path, tokens: int) -> None:
-        from diarist.commands.stack import EmbeddedStack, embedded_settings
+        from cli.commands.stack import EmbeddedStack, embedded_settings
 
         self.engine, self.log = engine, SequenceLog(engine)
         self.settings = embedded_settings(data_dir=data_dir, model="moss-td", served_models=["moss-td"])
@@ -271,7 +271,7 @@ class Production:
         if self.redis:
             port = self.env["DIARIST_BROKER_URL"].rsplit(":", 1)[1].split("/")[0]
             self._spawn(self.redis, "--port", port, "--save", "", "--appendonly", "no", log="redis")
-        subprocess.run([py, "-m", "diarist.cli", "migrate"], env=self.env, cwd=REPO, check=True,
+        subprocess.run([py, "-m", "cli", "migrate"], env=self.env, cwd=REPO, check=True,
                        capture_output=True)
         engines = []
         for i, (device, port) in enumerate(zip(self.devices, self.engine_ports, strict=True)):
@@ -288,10 +288,10 @@ class Production:
             urls = ",".join([url, *(u for u in self.engine_urls if u != url)])  # its own engine first
             for klass in ("short", "long"):
                 for i in range(self.procs_per_class):
-                    self._spawn(py, "-m", "diarist.cli", "worker", "--class", klass, "--loglevel", "WARNING",
+                    self._spawn(py, "-m", "cli", "worker", "--class", klass, "--loglevel", "WARNING",
                                 "--concurrency", str(self.threads[klass]), "--engine-url", urls,
                                 log=self._name(f"worker-{klass}-{i}", e))
-        api = self._spawn(py, "-m", "diarist.cli", "serve", "--host", "127.0.0.1", "--port", str(self.api_port),
+        api = self._spawn(py, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(self.api_port),
                           "--workers", str(self.args.api_workers), log="api")
         url = f"http://127.0.0.1:{self.api_port}"
         _wait_http(f"{url}/readyz", api, 60)

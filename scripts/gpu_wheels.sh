@@ -32,7 +32,7 @@ done
 PIP=${PIP:-python3 -m pip}
 DATA=${DIARIST_TEST_DATA:-$(pwd)/../shared/data}
 
-# The service's import closure minus the image (api.engine_server, worker.tasks, diarist.commands.stack,
+# The service's import closure minus the image (api.engine_server, worker.tasks, cli.commands.stack,
 # transcription.transcriber, alembic migrations, the Celery worker, uvicorn); one line per distribution.
 SERVICE_WHEELS=(
   av==18.1.0                     # PyAV: audio decode (bundles its ffmpeg libraries, 34 MiB)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diarist.cli import build_parser
+from cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

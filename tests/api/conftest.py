@@ -20,7 +20,7 @@ FINAL = ("completed", "failed", "canceled")
 
 @pytest.fixture(scope="module")
 def stack(whisper_engine, tmp_path_factory):
-    from diarist.commands.stack import EmbeddedStack, embedded_settings
+    from cli.commands.stack import EmbeddedStack, embedded_settings
     from diarist.settings import Settings
 
     data = tmp_path_factory.mktemp("diarist-data")

@@ -47,7 +47,7 @@ def site(stack):
     import uvicorn
 
     from api.app import create_app
-    from diarist.commands.demo import demo_recording
+    from cli.commands.demo import demo_recording
     from diarist.services import Services
 
     st = type(stack.settings).model_validate({**stack.settings.model_dump(), "auth": True})

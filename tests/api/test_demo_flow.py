@@ -10,7 +10,7 @@ import string
 import jiwer
 import pytest
 
-from diarist.commands.demo import demo_recording, submit_and_wait
+from cli.commands.demo import demo_recording, submit_and_wait
 from tests.conftest import data_file
 
 pytestmark = pytest.mark.slow

@@ -125,6 +125,6 @@ def test_decoded_audio_that_does_not_match_its_header_is_refused(engine_client):
 
 def test_worker_process_never_imports_torch():
     """Workers are thin: importing the tasks (what `diarist worker` does) must not load torch/CUDA."""
-    code = "import sys, worker.tasks, worker.engine_client, diarist.commands.worker; print('torch' in sys.modules)"
+    code = "import sys, worker.tasks, worker.engine_client, cli.commands.worker; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

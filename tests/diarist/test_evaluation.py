@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diarist.commands import eval as eval_cmd
+from cli.commands import eval as eval_cmd
 from diarist.evaluation import discover, evaluate
 from diarist.scoring import normalize_text
 from tests.conftest import DATA  # ../shared/data, or DIARIST_TEST_DATA

@@ -136,7 +136,7 @@ def test_the_pinned_dtype_is_the_assembled_files(tmp_path: Path) -> None:
 def test_a_bad_checkpoint_is_one_line_from_the_cli(tmp_path: Path, capsys) -> None:
     """``diarist engine`` (and every command that builds an engine) prints a checkpoint error as one line
     with its code and exits 2; a checksum mismatch has its own code."""
-    from diarist.cli import main
+    from cli.main import main
 
     assert main(["engine", "--model-path", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

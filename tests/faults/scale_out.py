@@ -62,9 +62,9 @@ class ScaleOut:
                "DIARIST_ENGINE_KV_BUDGET_BYTES": str(32 << 20)}
         env.pop("DIARIST_EMBEDDED", None)
         self.env = env
-        subprocess.run([sys.executable, "-m", "diarist.cli", "migrate"], env=env, check=True, capture_output=True,
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True,
                        cwd=REPO)
-        key = json.loads(subprocess.run([sys.executable, "-m", "diarist.cli", "keys", "create", "--name", "s",
+        key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "s",
                                          "--json"], env=env, check=True, capture_output=True, text=True,
                                         cwd=REPO).stdout)
         for e in ENGINES:

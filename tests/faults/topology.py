@@ -59,7 +59,7 @@ def make_clip(src: Path, dest: Path, seconds: float = CLIP_S) -> Path:
 class Proc:
     """A ``diarist`` subcommand in its own process group, its output appended to a log file."""
 
-    def __init__(self, name: str, args: list[str], env: dict, logdir: Path, module: str = "diarist.cli") -> None:
+    def __init__(self, name: str, args: list[str], env: dict, logdir: Path, module: str = "cli.main") -> None:
         self.name, self.args, self.env, self.log = name, args, env, logdir / f"{name}.log"
         self.module = module  # run as ``python -m module *args``
         self.p: subprocess.Popen | None = None
@@ -105,8 +105,8 @@ class Cluster:
                "DIARIST_ENGINE_URL": f"http://127.0.0.1:{self.eport}", "DIARIST_ENGINE_PORT": str(self.eport)}
         env.pop("DIARIST_EMBEDDED", None)
         self.env = env
-        subprocess.run([sys.executable, "-m", "diarist.cli", "migrate"], env=env, check=True, capture_output=True)
-        key = json.loads(subprocess.run([sys.executable, "-m", "diarist.cli", "keys", "create", "--name", "f",
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True)
+        key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "f",
                                          "--json"], env=env, check=True, capture_output=True, text=True).stdout)
         self.procs["engine"] = Proc("engine", ["engine"], env, self.logs).start()
         self.procs["short"] = Proc("short", ["worker", "--class", "short", "--concurrency",

@@ -36,7 +36,7 @@ class Proc:
 
     def start(self) -> Proc:
         out = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.p = subprocess.Popen([sys.executable, "-m", "diarist.cli", *self.args], env=self.env, stdout=out,
+        self.p = subprocess.Popen([sys.executable, "-m", "cli", *self.args], env=self.env, stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         return self
@@ -73,8 +73,8 @@ def prod(tmp_path_factory):
                "DIARIST_ENGINE_KV_BUDGET_BYTES": str(256 << 20), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": "16",
                "OMP_NUM_THREADS": "1"}
         env.pop("DIARIST_EMBEDDED", None)
-        subprocess.run([sys.executable, "-m", "diarist.cli", "migrate"], env=env, check=True, capture_output=True)
-        key = json.loads(subprocess.run([sys.executable, "-m", "diarist.cli", "keys", "create", "--name", "t",
+        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True)
+        key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "t",
                                          "--json"], env=env, check=True, capture_output=True, text=True).stdout)
         procs["engine"] = Proc("engine", ["engine"], env, logs).start()
         procs["short"] = Proc("short", ["worker", "--class", "short", "--concurrency", "2"], env, logs).start()

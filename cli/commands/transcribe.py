@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 from diarist.formats import SUPPORTED_FORMATS
 
 

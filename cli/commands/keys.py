@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

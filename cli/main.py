@@ -1,6 +1,6 @@
 """The ``diarist`` command.
 
-Subcommands (each in :mod:`diarist.commands`, exposing ``add_parser(subparsers)`` whose parser sets
+Subcommands (each in :mod:`cli.commands`, exposing ``add_parser(subparsers)`` whose parser sets
 ``func``): ``serve``, ``demo``, ``transcribe``, ``keys``, ``migrate``, ``worker``, ``engine``, and ``eval``
 when its module is installed. Exit status: 0 success, 2 bad input or usage, 1 anything else.
 """
@@ -21,9 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         # A subcommand whose module is absent (e.g. eval, added separately) is simply not offered.
-        if importlib.util.find_spec(f"diarist.commands.{name}") is None:
+        if importlib.util.find_spec(f"cli.commands.{name}") is None:
             continue
-        importlib.import_module(f"diarist.commands.{name}").add_parser(sub)
+        importlib.import_module(f"cli.commands.{name}").add_parser(sub)
     return parser
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from diarist.cli import main
+from cli.main import main
 from tests.conftest import data_file
 
 

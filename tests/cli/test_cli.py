@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from diarist.cli import build_parser, main
+from cli.main import build_parser, main
 from tests.conftest import data_file
 
 
@@ -45,7 +45,7 @@ def test_transcribe_video_without_audio(tmp_path, capsys):
 def test_installed_command_exit_status(tmp_path):
     f = tmp_path / "notes.txt"
     f.write_text("not audio")
-    p = subprocess.run([sys.executable, "-m", "diarist.cli", "transcribe", str(f)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "cli", "transcribe", str(f)], capture_output=True, text=True,
                        timeout=300, check=False)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.startswith("diarist: error: decode_failed:") and p.stderr.count("\n") == 1
@@ -89,7 +89,7 @@ def test_transcribe_prints_speaker_lines(capsys, whisper_engine, monkeypatch):
 @pytest.mark.slow
 def test_demo_command_end_to_end(tmp_path):
     """`diarist demo` as a user runs it (own process: the embedded stack owns process-wide Celery state)."""
-    p = subprocess.run([sys.executable, "-m", "diarist.cli", "demo", "--data-dir", str(tmp_path / "d")],
+    p = subprocess.run([sys.executable, "-m", "cli", "demo", "--data-dir", str(tmp_path / "d")],
                        capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "API listening on http://127.0.0.1:" in p.stdout
@@ -109,7 +109,7 @@ def test_serve_embedded_answers_and_stops_on_sigterm(tmp_path):
 
     port = free_port()
     env = {**os.environ, "DIARIST_DATA_DIR": str(tmp_path / "d")}
-    p = subprocess.Popen([sys.executable, "-m", "diarist.cli", "serve", "--embedded", "--port", str(port)],
+    p = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--embedded", "--port", str(port)],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_port(port, 300)
@@ -151,7 +151,7 @@ def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, m
 def test_demo_with_a_bad_file_is_one_line_not_a_traceback(tmp_path):
     f = tmp_path / "notes.wav"
     f.write_text("not audio")
-    p = subprocess.run([sys.executable, "-m", "diarist.cli", "demo", "--file", str(f), "--data-dir",
+    p = subprocess.run([sys.executable, "-m", "cli", "demo", "--file", str(f), "--data-dir",
                         str(tmp_path / "d")], capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 2, p.stderr[-2000:]
     assert "Traceback" not in p.stderr

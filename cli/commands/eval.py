@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 from diarist.evaluation import TranscribeFn, evaluate
 
 DEFAULT_COLLARS = (0.0, 0.25)
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point: ``python -m diarist.commands.eval DATA_DIR ...``."""
+    """Standalone entry point: ``python -m cli.commands.eval DATA_DIR ...``."""
     p = argparse.ArgumentParser(prog="diarist eval", description=plain(__doc__).splitlines()[0])
     _add_arguments(p)
     return run(p.parse_args(argv))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
               "one process holds the engine)", flush=True)
         return 2
     if args.embedded or st.embedded:
-        from diarist.commands.stack import EmbeddedStack, embedded_settings
+        from cli.commands.stack import EmbeddedStack, embedded_settings
 
         overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
         stack = EmbeddedStack(embedded_settings(st, **overrides)).start()
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     workers = args.workers or st.api_workers
     if workers > 1:  # each process builds its own services from the same settings (the factory below)
-        uvicorn.run("diarist.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,
+        uvicorn.run("cli.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,
                     log_level=st.log_level.lower(), lifespan="on", log_config=None)
     else:
         uvicorn.run(create_api(), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

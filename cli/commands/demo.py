@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from diarist.commands import plain
+from cli.commands import plain
 
 FINAL = ("completed", "failed", "canceled")
 
@@ -77,7 +77,7 @@ def submit_and_wait(base_url: str, path: Path, timeout_s: float, headers: dict |
 def run(args: argparse.Namespace) -> int:
     import httpx
 
-    from diarist.commands.stack import EmbeddedStack, embedded_settings
+    from cli.commands.stack import EmbeddedStack, embedded_settings
 
     path = Path(args.file) if args.file else demo_recording()
     if not path.is_file():
