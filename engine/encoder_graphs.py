@@ -24,9 +24,10 @@ from collections.abc import Callable
 
 import torch
 
+from engine.models.mel import CHUNK_SAMPLES
+
 log = logging.getLogger("diarist.engine")
 
-CHUNK_SAMPLES = 480_000
 WARMUP = 3
 
 

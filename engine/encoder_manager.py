@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.encoder_cache import EncoderCache, audio_fingerprint
-from engine.encoder_graphs import CHUNK_SAMPLES, EncoderGraphs, compile_encoder
+from engine.encoder_graphs import EncoderGraphs, compile_encoder
+from engine.models.mel import CHUNK_SAMPLES
 from engine.models.moss_td_prompt import window_token_counts
 from engine.request import Sequence
 

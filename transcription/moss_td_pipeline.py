@@ -17,11 +17,11 @@ import math
 import numpy as np
 import torch
 
+from engine.models.mel import SAMPLE_RATE
 from engine.models.moss_td_prompt import build_prompt
 from transcription.repetition import RepetitionGuard
 from engine.request import RequestRejected, Sequence
 
-SAMPLE_RATE = 16_000
 MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a useful transcript
 GiB = 1 << 30
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from engine.engine import Engine
+from engine.models.mel import SAMPLE_RATE
 from transcription.errors import EngineError
 from transcription.moss_td_pipeline import build_moss_sequence, moss_result
 from transcription.progress import EventFn
@@ -31,7 +32,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
         EngineError: the sequence failed inside the engine.
     """
-    duration = len(wave) / 16_000
+    duration = len(wave) / SAMPLE_RATE
     if should_cancel is not None and should_cancel():  # canceled before it started: build and submit nothing
         zeros = dict.fromkeys(("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "vad_s", "diarization_s"),
                               0.0)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MAX_WINDOW_S = 30.0
+from engine.models.mel import CHUNK_SAMPLES, SAMPLE_RATE
+
+MAX_WINDOW_S = CHUNK_SAMPLES / SAMPLE_RATE
+"""The Whisper encoder's window (30 s): the longest speech a decoder window may hold."""
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK_SAMPLES = 480_000
-SAMPLES_PER_TOKEN = 1280
-TOKENS_PER_SECOND = 12.5
+from engine.models.mel import CHUNK_SAMPLES, HOP_LENGTH, SAMPLE_RATE
+
+SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * 4
+"""Samples behind one audio token (1280): mel hop x the encoder's conv stride 2 x the adapter's 4-frame merge."""
+TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5
 DEFAULT_MARKER_EVERY_S = 2
 AUDIO_PAD = "<|audio_pad|>"
 
