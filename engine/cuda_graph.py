@@ -75,7 +75,7 @@ class DecodeGraphs:
     """Captured decode graphs for one model and attention backend.
 
     Static inputs: ``input_ids``/``positions`` int64 ``[max_bs]`` (here) and the backend's row, length and
-    slot buffers (:meth:`AttentionBackend.init_graph_capture`). Outputs per bucket: float32 logits
+    slot buffers (:meth:`GraphCapableBackend.init_graph_capture`). Outputs per bucket: float32 logits
     ``[bucket, vocab]`` and int64 greedy ids ``[bucket]``.
 
     Raises (``capture``): RuntimeError from CUDA or the backend when a graph cannot be captured.

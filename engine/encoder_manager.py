@@ -23,8 +23,7 @@ one eager pass also ran out of memory at a peer (``shared/docs/moss_td.md`` §4,
   (``cudaHostAlloc`` took 109 ms for a 90-minute recording's 138 MB on an H200), and on the loop it held
   up the hand-over and every running decode.
 
-Models opt in by providing ``window_mel``, ``audio_encoder``, ``merge_and_adapt`` and ``attach_audio``
-(MOSS-TD). Other models (Whisper: its encoder output goes straight into the cross-attention rows of
+Models opt in by satisfying :class:`engine.models.interface.AudioPromptModel` (MOSS-TD). Other models (Whisper: its encoder output goes straight into the cross-attention rows of
 admitted requests) and the ``meta`` device (memory planning only) keep the encode-at-admission path.
 """
 
@@ -41,6 +40,7 @@ import torch.nn.functional as F
 
 from engine.encoder_cache import EncoderCache, audio_fingerprint
 from engine.encoder_graphs import EncoderGraphs, compile_encoder
+from engine.models.interface import AudioPromptModel
 from engine.models.mel import CHUNK_SAMPLES
 from engine.models.moss_td_prompt import window_token_counts
 from engine.request import Sequence
@@ -82,7 +82,7 @@ class EncoderManager:
     """Encoder stage between :meth:`Engine.submit` and the scheduler.
 
     Args:
-        model: the loaded model; the stage is enabled only if it has the hooks listed in the module doc.
+        model: the loaded model; the stage is enabled only for an :class:`AudioPromptModel`.
         device: where the model lives (``meta`` disables the stage).
         window_budget: windows launched per engine step (0 disables the stage).
         cache: host LRU cache of embeddings (``None``: no cache, no deduplication).
@@ -96,8 +96,8 @@ class EncoderManager:
                  cache: EncoderCache | None = None, graphs: EncoderGraphs | None = None,
                  stream: torch.cuda.Stream | None = None, model_id: str = "",
                  encoder_fn=None) -> None:
-        hooks = ("window_mel", "audio_encoder", "merge_and_adapt", "attach_audio")
-        self.enabled = window_budget > 0 and device.type != "meta" and all(hasattr(model, h) for h in hooks)
+        audio_prompt = isinstance(model, AudioPromptModel)
+        self.enabled = window_budget > 0 and device.type != "meta" and audio_prompt
         self.model = model
         self.device = device
         self.window_budget = window_budget
@@ -105,7 +105,9 @@ class EncoderManager:
         self.graphs = graphs
         self.stream = stream
         self.model_id = model_id
-        self.encoder_fn = encoder_fn if encoder_fn is not None else getattr(model, "audio_encoder", None)
+        if encoder_fn is None and audio_prompt:
+            encoder_fn = model.audio_encoder
+        self.encoder_fn = encoder_fn
         self.max_microbatch = max(graphs.buckets) if graphs is not None and graphs.graphs else window_budget
         # (hidden, dtype) of the embeddings, for the pinned buffer made at submit: merge_and_adapt of no
         # windows returns an empty [0, hidden] tensor of the model's dtype.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import make_backend
+from engine.attention import GraphCapableBackend, make_backend
 from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
@@ -71,14 +71,13 @@ class Engine:
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
         self._build_cache()
-        tuning = ({"large_tile_min_extend": cfg.extend_large_tile_min_tokens,
-                   "single_split_per_sm": cfg.decode_single_split_programs_per_sm}
-                  if cfg.attention_backend == "triton" else {})
-        self.attn = make_backend(cfg.attention_backend, kv=self.kv, table=self.table, cross=self.cross, **tuning)
+        self.attn = make_backend(cfg.attention_backend, cfg, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
                                    class_limits=cfg.admission_limits)
         self.runner = ModelRunner(self.model, self.attn, self.table, self.device)
-        if cfg.cuda_graph_max_bs > 0 and self.device.type == "cuda":  # resolve_config: CUDA + triton only
+        # resolve_config leaves cuda_graph_max_bs > 0 only on CUDA with a graph-capable backend
+        graphs = cfg.cuda_graph_max_bs > 0 and self.device.type == "cuda"
+        if graphs and isinstance(self.attn, GraphCapableBackend):
             self._capture_graphs()
         log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
                  ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
@@ -117,10 +116,9 @@ class Engine:
             self.runner.graphs = None
             return
         buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
-        lm_head = getattr(self.model, "lm_head", None)
-        if buckets and self.cross is None and lm_head is not None:  # cross-attention models: eager
+        if buckets and self.cross is None:  # cross-attention models: eager
             try:
-                self.runner.capture_prefill_graphs(lm_head.weight.shape[1], self.dtype, buckets,
+                self.runner.capture_prefill_graphs(self.model.hidden_size, self.dtype, buckets,
                                                    min(cfg.prefill_graph_max_items, self.max_reqs))
             except Exception as e:  # noqa: BLE001
                 self._fall_back("prefill CUDA graphs", e)
@@ -147,7 +145,7 @@ class Engine:
         per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, self.dtype)
         self.max_reqs = self.config.max_running_requests
         self.cross = None
-        cross_layout = self.model.cross_layout() if hasattr(self.model, "cross_layout") else None
+        cross_layout = self.model.cross_layout()
         if cross_layout is not None:
             per_row = CrossKVPool.bytes_per_row(*cross_layout, self.dtype)
             # Leave at least one full context per row for self-attention KV.

@@ -37,7 +37,7 @@ class PrefillGraphs:
 
     Static inputs: ``input_ids``/``positions`` int64 ``[max_tokens]``, ``embeds`` ``[max_tokens, hidden]``
     (model dtype) with ``embeds_mask`` bool ``[max_tokens]``, ``logits_indices`` int64 ``[max_items]``, and the
-    backend's item metadata and slots (:meth:`AttentionBackend.init_prefill_capture`). Outputs per bucket:
+    backend's item metadata and slots (:meth:`GraphCapableBackend.init_prefill_capture`). Outputs per bucket:
     float32 logits ``[max_items, vocab]`` and int64 greedy ids ``[max_items]``.
 
     Args:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from engine.attention import BACKENDS, supports_cuda_graphs
 from engine.config import DeviceUnavailable, EngineConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
-BACKENDS = ("torch", "triton")
 
 
 def check_device(name: str) -> torch.device:
@@ -148,7 +148,7 @@ def resolve_config(cfg: EngineConfig) -> EngineConfig:
         async_decode=cfg.async_decode if cfg.async_decode is not None else cuda,
         small_batch_gemv=cfg.small_batch_gemv if cfg.small_batch_gemv is not None else cuda,
         fused_gelu_gemm=cfg.fused_gelu_gemm if cfg.fused_gelu_gemm is not None else cuda,
-        cuda_graph_max_bs=cfg.cuda_graph_max_bs if cuda and backend == "triton" else 0,
+        cuda_graph_max_bs=cfg.cuda_graph_max_bs if cuda and supports_cuda_graphs(backend) else 0,
         encoder_stream=cfg.encoder_stream and cuda, priority_stream=cfg.priority_stream and cuda,
         admission_limits=dict(cfg.admission_limits),
     )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 @dataclass
@@ -86,9 +90,8 @@ class AttentionBackend(ABC):
     """What a model layer needs from attention. One instance serves every layer of one engine.
 
     Life cycle per step: ``prepare(batch)`` once, then ``forward`` (and ``cross_forward`` for
-    encoder-decoder models) once per layer. The graph hooks let a backend keep its metadata in static
-    buffers for CUDA-graph capture and replay; backends that do not support graphs raise
-    ``NotImplementedError`` from them.
+    encoder-decoder models) once per layer. A backend that can run inside CUDA graphs also satisfies
+    :class:`GraphCapableBackend`.
     """
 
     def __init__(self, kv: KVPool, table: ReqToTokenTable, cross: CrossKVPool | None = None,
@@ -97,6 +100,12 @@ class AttentionBackend(ABC):
         self.table = table
         self.cross = cross
         self.sm_scale = sm_scale
+
+    @classmethod
+    def config_options(cls, config: EngineConfig) -> dict[str, Any]:
+        """Constructor keywords this backend takes from the engine configuration (its tuning knobs);
+        none by default."""
+        return {}
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:
@@ -125,27 +134,38 @@ class AttentionBackend(ABC):
         """Encoder-decoder attention of ``q`` (``[T, H, D]``) over the sequence's cross KV (no mask)."""
         raise NotImplementedError("this backend has no cross-attention")
 
+
+@runtime_checkable
+class GraphCapableBackend(Protocol):
+    """What CUDA-graph capture and replay need from an attention backend (:mod:`engine.cuda_graph`,
+    :mod:`engine.prefill_graphs`): metadata kept in static buffers that captured kernels point at.
+
+    After ``prepare_for_capture`` / ``prepare_prefill_capture`` the backend's ``meta.loc`` is the static
+    int64 slot buffer of the step's new tokens (the graphs' ``out_cache_loc``); the ``prepare_*_replay``
+    hooks only copy into those buffers, never reallocate them.
+    """
+
     def init_graph_capture(self, max_batch_size: int) -> None:
         """Allocate static metadata buffers for decode graphs up to ``max_batch_size``."""
-        raise NotImplementedError
+        ...
 
     def prepare_for_capture(self, batch_size: int) -> None:
         """Point metadata at the static buffers for a capture at ``batch_size`` (padded rows use row 0)."""
-        raise NotImplementedError
+        ...
 
     def prepare_for_replay(self, batch: ForwardBatch, padded_batch_size: int) -> None:
         """Copy ``batch``'s metadata into the static buffers before a replay at ``padded_batch_size``."""
-        raise NotImplementedError
+        ...
 
     def init_prefill_capture(self, max_tokens: int, max_items: int) -> None:
         """Allocate static metadata for prefill graphs (extend items only) of up to ``max_tokens`` new
         tokens in up to ``max_items`` items."""
-        raise NotImplementedError
+        ...
 
     def prepare_prefill_capture(self, tokens: int) -> None:
         """Point metadata at the static buffers for a prefill capture of ``tokens`` (padded) tokens."""
-        raise NotImplementedError
+        ...
 
     def prepare_prefill_replay(self, batch: ForwardBatch, tokens: int) -> None:
         """Copy ``batch``'s metadata into the static buffers before a prefill replay padded to ``tokens``."""
-        raise NotImplementedError
+        ...

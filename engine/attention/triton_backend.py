@@ -78,6 +78,12 @@ class TritonBackend(AttentionBackend):
         self._pstatic: dict[str, torch.Tensor] | None = None
         self.meta: _StepMeta | None = None
 
+    @classmethod
+    def config_options(cls, config: EngineConfig) -> dict[str, int]:
+        """The split-KV and tile thresholds of ``config`` (per engine, see the class docstring)."""
+        return {"large_tile_min_extend": config.extend_large_tile_min_tokens,
+                "single_split_per_sm": config.decode_single_split_programs_per_sm}
+
     # -- per step ------------------------------------------------------------------------------------
     def _scratch(self, rows: int, hq: int, dim: int, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Float32 split partials ``[rows, hq, max_splits, dim]`` and LSEs ``[rows, hq, max_splits]``."""

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
-
+from engine.models.interface import EngineModel
 from engine.tokenizer import TextTokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -19,9 +18,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class LoadedModel:
-    """A model ready for the runner, with its tokenizer and checkpoint facts (``info``)."""
+    """A model ready for the runner (an ``nn.Module`` on its device and dtype), with its tokenizer and
+    checkpoint facts (``info``)."""
 
-    model: nn.Module
+    model: EngineModel
     tokenizer: TextTokenizer
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -200,6 +200,10 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
     def max_context(self) -> int:
         return self.config.text.max_position_embeddings
 
+    @property
+    def hidden_size(self) -> int:
+        return self.config.text.hidden_size
+
     def fuse_projections(self) -> None:
         """Pack the decoder's q/k/v and gate/up weights (:meth:`Qwen3Model.fuse_projections`) and the audio
         encoder's q/k/v (:meth:`WhisperEncoder.fuse_projections`)."""

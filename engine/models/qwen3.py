@@ -210,6 +210,10 @@ class Qwen3ForCausalLM(nn.Module, UsesLinearKernels):
     def max_context(self) -> int:
         return self.config.max_position_embeddings
 
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
     def fuse_projections(self) -> None:
         """See :meth:`Qwen3Model.fuse_projections`."""
         self.model.fuse_projections()

@@ -280,6 +280,10 @@ class WhisperForConditionalGeneration(nn.Module):
     def max_context(self) -> int:
         return self.config.max_target_positions
 
+    @property
+    def hidden_size(self) -> int:
+        return self.config.d_model
+
     @torch.inference_mode()
     def prepare(self, seqs: list, cross: CrossKVPool) -> None:
         """Encode the admitted sequences' windows in one batch and write their cross KV.
