@@ -4,7 +4,7 @@ Both sides transcribe the English clips of the shared data folder greedily (beam
 no speaker cascade (faster-whisper has none), float32 on the CPU, one clip at a time, after one warm-up
 clip. RTF = processing seconds / audio seconds. Prints JSON; ``--out`` also writes it.
 
-    python benchmarks/bench_cpu.py --out benchmarks/results/cpu_tiny_en.json
+    python benchmarks/bench_cpu.py --out benchmarks/results/cpu.json
 """
 
 from __future__ import annotations

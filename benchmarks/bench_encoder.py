@@ -13,7 +13,7 @@ encoder_alone runs last, after the engine is freed, because its kernel profile l
   w_short        800 distinct 12 s clips, 60 output tokens, closed loop at concurrency 16 and 64, each
                  with a cold cache and then warm (the same 800 clips again; the cache is raised to 1,024
                  entries for this, since 800 clips cycled through the default 64 entries never hit).
-                 Encoder share = encoder-stream busy time (CUDA events around each microbatch) / wall.
+                 Per-request encoder, prefill and decode seconds come from the engine's own timings.
   burst          16 requests decoding, then 64 new 12 s requests at once: step times and the longest gap
                  between two tokens of a running request, with the encoder stage (own stream, 8 windows a
                  step) and with encoding at admission (the previous path), on the same engine.
@@ -146,30 +146,6 @@ def encoder_alone(model, counts=(1, 8, 16, 64)) -> dict:
     return res
 
 
-class EncoderTimer:
-    """CUDA events around every encoder microbatch of the engine's encoder stage (on its stream)."""
-
-    def __init__(self, mgr) -> None:
-        self.pairs: list = []
-        real = mgr._encode
-
-        def timed(x):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            out = real(x)
-            b.record()
-            self.pairs.append((a, b))
-            return out
-
-        mgr._encode = timed
-
-    def take_s(self) -> float:
-        torch.cuda.synchronize()
-        total = sum(a.elapsed_time(b) for a, b in self.pairs) / 1e3
-        self.pairs = []
-        return total
-
-
 class Progress:
     """Prints a progress line at most every ``every_s`` seconds (long GPU runs show where they are)."""
 
@@ -198,7 +174,7 @@ def request(engine: Engine, wave: np.ndarray, out_tokens: int) -> Sequence:
     return seq
 
 
-def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
+def w_short(engine, base, n: int, out_tokens: int, conc: int) -> dict:
     """Closed loop of ``n`` clips at concurrency ``conc`` (``bench_engine.closed_loop``: the clients build and
     submit on a thread of their own, as the service's callers do)."""
     before = engine.stats()
@@ -209,7 +185,6 @@ def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
         progress(engine, running=len(inflight))
         return ran
 
-    timer.take_s()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     # submit includes the waveform hash and pinning (client thread)
@@ -219,7 +194,6 @@ def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
     after = engine.stats()
     audio_s = len(base) / SR
     lat = np.array([s.timings.finished - s.timings.arrival for s in done])
-    enc_busy = timer.take_s()
     keys = ("encoder_cache_hits", "encoder_cache_misses", "encoder_windows", "encoder_dedup_hits",
             "encoder_microbatches")
     delta = {k: after[k] - before[k] for k in keys}
@@ -228,7 +202,6 @@ def w_short(engine, timer, base, n: int, out_tokens: int, conc: int) -> dict:
             "audio_s_per_s": n * audio_s / wall, "rtf_mean": float(rtf.mean()),
             "rtf_p50": float(np.percentile(rtf, 50)), "rtf_p95": float(np.percentile(rtf, 95)),
             "latency_mean_s": float(lat.mean()), "latency_p95_s": float(np.percentile(lat, 95)),
-            "encoder_stream_busy_s": enc_busy, "encoder_share": enc_busy / wall,
             "encoder_s_mean": float(np.mean([s.timings.encoder_s for s in done])),
             "prefill_s_mean": float(np.mean([s.timings.prefill_s for s in done])),
             "decode_s_mean": float(np.mean([s.timings.decode_s for s in done])),
@@ -345,7 +318,7 @@ def to_markdown(res: dict) -> str:
                                  ea["profile_8_windows"])
     lines += _table("W-short (800 distinct 12 s clips, 60 output tokens)", [
         ("audio-s/s", "{audio_s_per_s:.0f}"), ("req/s", "{req_per_s:.1f}"), ("RTF p50", "{rtf_p50:.4f}"),
-        ("latency p95 s", "{latency_p95_s:.3f}"), ("encoder share", "{encoder_share:.1%}"),
+        ("latency p95 s", "{latency_p95_s:.3f}"),
         ("hits", "{encoder_cache_hits}"), ("misses", "{encoder_cache_misses}"),
         ("windows", "{encoder_windows}")], list(res.get("w_short", {}).items()))
     lines += _table("Burst: 64 new 12 s requests next to 16 decoding", [
@@ -363,14 +336,14 @@ def to_markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_w_short(engine, timer, base, args, cfg, res, save) -> None:
+def run_w_short(engine, base, args, cfg, res, save) -> None:
     """Each concurrency with a cold cache, then warm (the same clips again, cache raised to 1,024)."""
     res["w_short"] = {}
     for conc in [int(c) for c in args.concurrency.split(",")]:
         engine.encoder.cache.clear()
         engine.encoder.cache.resize(max_entries=1024)
         for phase in ("cold", "warm"):
-            r = w_short(engine, timer, base, args.requests, 60, conc)
+            r = w_short(engine, base, args.requests, 60, conc)
             res["w_short"][f"c{conc}-{phase}"] = r
             print("w_short", conc, phase, json.dumps(r), flush=True)
             save()
@@ -403,14 +376,13 @@ def main() -> None:
     engine = Engine(cfg, loaded=loaded)
     res["engine_start_s"] = time.perf_counter() - t0
     print(f"engine started in {res['engine_start_s']:.1f} s", flush=True)
-    timer = EncoderTimer(engine.encoder)
     rng = np.random.default_rng(0)
     base = (rng.standard_normal(12 * SR) * 0.1).astype(np.float32)
-    w_short(engine, timer, base[::-1].copy(), 16, 8, 16)  # warm-up: decode graphs' kernels, prefill shapes
+    w_short(engine, base[::-1].copy(), 16, 8, 16)  # warm-up: decode graphs' kernels, prefill shapes
     print("warm-up done", flush=True)
     for section in sections:
         if section == "w_short":
-            run_w_short(engine, timer, base, args, cfg, res, save)
+            run_w_short(engine, base, args, cfg, res, save)
         elif section == "burst":
             res["burst"] = [burst(engine, base, 100_000 + 1000 * i, stage)
                             for i, stage in enumerate((True, False))]
@@ -424,7 +396,7 @@ def main() -> None:
     # Last: its kernel profile starts torch.profiler, after which CUPTI stays attached and slows every
     # later launch in the process (W-short c64 2,363 vs 2,567 audio-s/s on the H200, f690d2e).
     if "encoder_alone" in sections:
-        del engine, timer
+        del engine
         gc.collect()
         torch.cuda.empty_cache()
         res["encoder_alone"] = encoder_alone(loaded.model)

@@ -12,7 +12,7 @@ bound, seconds from the fault's end until every job was final, transcript object
 webhook messages per job and POSTs received, attempts, and for Redis the answers to submits during the
 outage and the rows they left. Plus the command, commit and machine.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_faults.py --jobs 20 --out benchmarks/results/faults.json
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_faults.py --jobs 20 --out benchmarks/results/faults_cpu.json
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ hosts"), the workload per GPU: N times the jobs and N times the jobs in flight. 
 ``production-<N>gpu``, and ``scaling``: each N's service audio-s/s over N = 1's, same run (target for
 N = 2: 1.9).
 
-    bash scripts/gpu_tests.sh --bench -- --out $OUT/service_h200.json      # on the GPU machine
-    bash scripts/gpu_tests.sh --bench -- --engines 1,2 --topologies production --out $OUT/service_2gpu.json
+    bash scripts/gpu_tests.sh --bench -- --out $OUT/service_gpu_h200.json  # on the GPU machine
+    bash scripts/gpu_tests.sh --bench -- --engines 1,2 --topologies production --out $OUT/service_gpu_h200x2.json
     python benchmarks/bench_service_gpu.py --device cpu --tiny              # CPU smoke, both topologies
     python benchmarks/bench_service_gpu.py --device cpu --tiny --topologies production --engines 1,2
 """

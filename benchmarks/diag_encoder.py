@@ -7,7 +7,7 @@ Sections (one JSON object, written to ``--out`` after each):
              (inputs upcast, exact GELU): cuBLAS + separate erf GELU (the unfused path), cuBLAS alone (the
              floor) and cuBLASLt's fused GELU epilogue (``torch._addmm_activation``; tanh approximation).
              At 75acd17 this also timed a Triton GEMM with an erf epilogue: 451 TFLOPS at M = 12000 vs
-             cuBLAS's 708, slower than GEMM + GELU, so it was dropped (diag_encoder_h200.json).
+             cuBLAS's 708, slower than GEMM + GELU, so it was dropped (results/archive/diag_encoder_h200_75acd17.json).
   encoder    the MOSS-TD encoder (dummy weights) at 1 and 8 windows, eager and graphs, with the fused
              fc1 + GELU (``EngineConfig.fused_gelu_gemm``) and without, and the largest output difference between the two.
   w90        one 90-minute recording (180 windows) through the engine's encoder stage, under the torch

@@ -64,8 +64,8 @@ class EngineConfig:
             A sequence over its class's limit waits without blocking other classes behind it.
         async_decode: launch each step before the host has read the previous step's tokens
             (:mod:`engine.overlap`; greedy; steps with a logits processor still run synchronously).
-            ``None``: on for CUDA (it hides the host's per-step work: benchmarks/results/engine_h200_sync.json
-            against engine_h200_fused_async.json), off on the CPU, where the host and the "device" are the
+            ``None``: on for CUDA (it hides the host's per-step work: benchmarks/results/archive/engine_h200_77bfc3f.json
+            against archive/engine_h200_9ec4f6a.json), off on the CPU, where the host and the "device" are the
             same cores.
         stream_interval_s: coalescing window for streamed text deltas (seconds).
         threads: torch intra-op threads on CPU (``None``: half the cores, see ``engine.engine.default_cpu_threads``).

@@ -13,7 +13,7 @@ sequence is admitted only when a
 The reservation is allocated and written into the sequence's row at admission, in one piece: a running
 sequence never runs out of KV, nothing is preempted, a request that does not fit simply waits, and a
 step never allocates or writes the table (at 64 decodes a step, per-step allocation was ~0.7 ms of host
-time per step on the H200 run, ``benchmarks/diag_wshort.py``).
+time per step on the H200, ``benchmarks/results/archive/diag_wshort_h200_f8e3287.json``).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ class _NoRepr(Sequence):
 
 def test_finishing_and_aborting_never_format_the_sequence(tiny):
     """A failed ``deque.remove`` formats ``repr(x)`` into its error; ``Scheduler.finish`` once did that for
-    every finished request (~4 ms each with a long output on the H200, benchmarks/diag_wshort.py)."""
+    every finished request (~4 ms each with a long output on the H200, benchmarks/results/archive/diag_wshort_h200_f8e3287.json)."""
     mel = torch.randn(*TINY_MEL)
     done = _NoRepr(prompt_ids=[1, 2, 3], max_new_tokens=6, mm_inputs={"mel": mel}, ignore_eos=True)
     aborted = _NoRepr(prompt_ids=[4, 5, 6], max_new_tokens=40, mm_inputs={"mel": mel}, ignore_eos=True)

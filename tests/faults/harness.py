@@ -24,7 +24,7 @@ from tests.servers import wait_port
 
 @dataclass
 class FaultResult:
-    """Counts of one fault run (what the suite asserts and faults.json records)."""
+    """Counts of one fault run (what the suite asserts and faults_cpu.json records)."""
 
     fault: str
     jobs: int

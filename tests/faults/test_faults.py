@@ -3,7 +3,7 @@ real topology (Postgres, Redis, moto S3, a CPU engine server, real worker proces
 for the restart faults). Asserted for every fault: every job completed, none stuck after the recovery
 bound, exactly one transcript object and one webhook message per job. Submits while Redis is down get
 503 ``queue_unavailable`` with Retry-After and leave no row. ``benchmarks/bench_faults.py`` records the same
-runs in ``benchmarks/results/faults.json``.
+runs in ``benchmarks/results/faults_cpu.json``.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def _decode_stage2(
 
 # Batches with at least this many (sequence, KV head) programs per SM run one split per sequence: stage 1
 # then writes the output and stage 2 is not launched. Faster for W-short c64 (batch ~56, ~300 keys) on an
-# H200 (benchmarks/results/wshort_split_variants_h200.json). 0: off. The engine's value is
+# H200 (benchmarks/results/archive/engine_h200_e14049f_split_variants.json). 0: off. The engine's value is
 # EngineConfig.decode_single_split_programs_per_sm.
 def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, num_sms: int = 132,
                            per_sm: int = 4,

@@ -22,7 +22,7 @@ _LOG2E = 1.4426950408889634
 # Steps whose longest item brings at least ``large_tile_min_extend`` new tokens (EngineConfig
 # .extend_large_tile_min_tokens, 2,048 by default) take 128 queries per program (8 warps): faster over long
 # keys on an H200 (benchmarks/diag_extend.py, results/diag_extend_h200.json; in the engine,
-# engine_decode_h200.md "fifth session"); below it (short prompts, decodes in a mixed step) 64 keeps more
+# engine_h200.md "fifth session"); below it (short prompts, decodes in a mixed step) 64 keeps more
 # programs for the few keys. Float32 stays at 64: its 128-query tile (Q, K, V and the accumulator at 4
 # bytes) exceeds the shared memory of a Hopper SM (Triton OutOfResources). Prefill graphs take the tile
 # of their bucket's token count when they are captured.
