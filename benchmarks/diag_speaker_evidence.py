@@ -10,7 +10,7 @@ how many chunks decode to 1, 2 or 3 distinct local speakers anywhere in them.
 A speaker who never talks alone for long and whose overlapped frames never decode to a second local
 speaker has no local speaker of their own, hence no embedding, so no clustering cut can count them.
 
-Run from the repo root: .venv/bin/python benchmarks/diag_speaker_evidence.py ../shared/data OUT.json
+Run from the repo root: .venv/bin/python benchmarks/diag_speaker_evidence.py $DIARIST_TEST_DATA OUT.json
 """
 import datetime as dt
 import json

@@ -1,6 +1,6 @@
 """`diarist eval`: transcribe every referenced recording of a data folder and score it.
 
-The data layout (../shared/data/MANIFEST.md) and reference loading are in
+The data layout and reference loading are in
 :mod:`diarist.references`. Audio without any reference is skipped; items with an
 approximate transcript (``.APPROX.txt``) are reported but left out of the totals;
 items with per-channel references are transcribed with ``multichannel=True``.

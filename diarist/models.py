@@ -29,7 +29,7 @@ class Base(DeclarativeBase):
 
 
 class JobStatus(str, enum.Enum):
-    """``queued → processing → completed | failed | canceled`` (DESIGN.md §5)."""
+    """``queued → processing → completed | failed | canceled`` (docs/service.md)."""
 
     QUEUED = "queued"
     PROCESSING = "processing"
@@ -98,7 +98,7 @@ class Job(Base):
     error_code: Mapped[str | None] = mapped_column(String(64), default=None)
     error_message: Mapped[str | None] = mapped_column(Text, default=None)
 
-    # The lease (DESIGN.md §5: the row, not the broker, is the source of truth). An active job whose
+    # The lease (docs/service.md, Fault tolerance: the row, not the broker, is the source of truth). An active job whose
     # ``lease_expires_at`` has passed is re-driven by the sweeper (worker/sweeper.py): a processing job's
     # worker renews it while it runs (so it passing means the worker died); a queued job's is the time by
     # which its message should have been picked up (so it passing means the message was lost).

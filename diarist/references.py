@@ -1,4 +1,4 @@
-"""Reference files of a data folder laid out like ../shared/data (MANIFEST.md).
+"""Reference files of a data folder (the layout ``diarist eval`` and the tests read, ``DIARIST_TEST_DATA``).
 
 One folder per item; references sit beside the audio: ``<stem>.txt`` (exact
 transcript; empty = no speech expected), ``<stem>.APPROX.txt`` (approximate

@@ -6,7 +6,7 @@ what the decoder consumes, the encoder + merge + adapter output of the whole rec
 the mel, the encoder and the adapter. Entries live in (pinned, on CUDA) host memory so the cache never
 competes with the KV cache for device memory; a hit is copied back asynchronously by the caller.
 
-Limits follow SGLang-Omni's encoder cache (``shared/docs/moss_td.md`` §4, #972): at most 64 entries and
+Limits follow SGLang-Omni's encoder cache (sgl-project/sglang-omni #972): at most 64 entries and
 4 GiB, both enforced, evicting the least recently used first. The key is computed from the waveform
 *before* the mel (#1495), so a hit costs one hash and one host-to-device copy.
 """

@@ -2,7 +2,7 @@
 
 Why exact counts: one window of Whisper-medium costs ~1.1 TFLOP, so padding 3 windows to a graph of 4
 costs a third more work; SGLang-Omni measured +25-85 % encoder time for counts 3/5/9/17 with power-of-two
-buckets (``shared/docs/moss_td.md`` §4, #973). A graph removes the ~600 kernel launches of an eager pass,
+buckets (sgl-project/sglang-omni #973). A graph removes the ~600 kernel launches of an eager pass,
 which dominate at one window.
 
 Each graph computes ``windows float32 [k, 480000] -> states [k, 1500, d]``: the log-mel is inside the

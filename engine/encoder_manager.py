@@ -2,7 +2,7 @@
 
 Why a stage of its own: encoding a recording at admission (in the step that admits it) stalls every
 running decode for the whole encoder pass; a 90-minute recording is 180 Whisper-medium windows, which in
-one eager pass also ran out of memory at a peer (``shared/docs/moss_td.md`` §4, #1189/#1426). Here:
+one eager pass also ran out of memory at a peer (sgl-project/sglang-omni #1189, #1426). Here:
 
 * Each engine step launches at most ``window_budget`` windows, taken in arrival order from all waiting
   recordings (windows of many requests share one forward; a long recording spreads over many steps). A

@@ -1,5 +1,5 @@
 """Resolve an :class:`~engine.config.EngineConfig` from the device and the checkpoint: the one place that
-decides dtype, attention backend, graphs, async decode and kernel choices (DESIGN.md §4 "Configuration").
+decides dtype, attention backend, graphs, async decode and kernel choices (docs/service.md, "The engine on a GPU").
 
 Every entry point (``diarist engine``, the embedded stack, ``transcribe``, ``eval``, the benchmarks) builds
 an ``EngineConfig`` whose unset (``None``) fields mean "what this device does best", and

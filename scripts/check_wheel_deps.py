@@ -3,7 +3,7 @@
     python3 scripts/check_wheel_deps.py KINDS.md DIR [DIR ...]
 
 ``KINDS.md`` is the device notes' page whose section "Python packages already there" lists the image's
-packages (``/work/.library/device/KINDS.md``); each ``DIR`` holds ``*.whl``. Requirements are read from each
+packages (the GPU device's notes); each ``DIR`` holds ``*.whl``. Requirements are read from each
 wheel's METADATA (``Requires-Dist``) and their markers evaluated for CPython 3.12 on Linux x86_64, no
 extras. Prints the unmet ones and exits 1, or prints ``ok`` and exits 0. Needs ``packaging``.
 """

@@ -4,8 +4,8 @@
 #   scripts/gpu_wheels.sh [--parcel-mib N]      (run here, from anywhere in the repo; needs pip and PyPI)
 #
 # The GPU image has python 3.12, torch, torchaudio, triton, numpy, httpx, prometheus-client, jinja2, anyio,
-# click, pytest(-timeout), transformers, scipy, onnxruntime ... (/work/.library/device/KINDS.md, "Python
-# packages already there") but not the service's own dependencies. This writes:
+# click, pytest(-timeout), transformers, scipy, onnxruntime ... (the device notes' KINDS.md, "Python
+# packages already there", path in DIARIST_DEVICE_KINDS) but not the service's own dependencies. This writes:
 #
 #   .whl/        the wheels the service needs there (cp312, manylinux x86_64), every transitive dependency
 #                the image lacks, one version each: enough for bench_service_gpu.py in one call

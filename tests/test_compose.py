@@ -1,4 +1,4 @@
-"""docker-compose.yml: every service runs a real `diarist` subcommand; the topology DESIGN.md §1 asks for."""
+"""docker-compose.yml: every service runs a real `diarist` subcommand; the topology docs/service.md describes."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Usage (the engine must be loaded with ``EngineConfig(model="moss-td", ...)``)::
     engine.generate([seq])
     result = moss_result(seq, engine.tokenizer, duration=len(wave) / 16000)
 
-Budget (``shared/docs/moss_td.md`` §4, sglang-omni #1034): unless the request sets ``max_new_tokens``,
+Budget (sgl-project/sglang-omni #1034): unless the request sets ``max_new_tokens``,
 ``max(512, ceil(10 * audio seconds))``; either way clamped to the context left after the prompt.
 """
 

@@ -12,7 +12,7 @@ and keeps the output so far:
    that repeats with advancing timestamps still counts as a repeat).
 2. **Token rate.** More than ``grace_tokens + max_tokens_per_audio_s * seconds`` output tokens, where
    ``seconds`` is the audio covered so far (``progress_fn``, e.g. the last timestamp emitted) or else the
-   whole duration. Dense meetings need about 4.5 tokens per audio second (``shared/docs/moss_td.md`` §4).
+   whole duration. Dense meetings need about 4.5 tokens per audio second (sgl-project/sglang-omni #1034).
 """
 
 from __future__ import annotations

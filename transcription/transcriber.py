@@ -44,8 +44,8 @@ WHISPER_LOOP_MIN_SPAN = 48
 
 WHISPER_TOKENS_PER_S = 10.0
 """Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
-few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer uses the same factor,
-``shared/docs/moss_td.md`` §4)."""
+few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer, sgl-project/sglang-omni
+#1034, uses the same factor)."""
 
 
 def window_budget(window_s: float) -> int:

@@ -1,6 +1,6 @@
 """The Celery application: queues by duration class, crash-safe delivery settings, the dispatcher.
 
-Delivery guarantees (DESIGN.md §5): ``acks_late`` (a message is acknowledged only after its task ends),
+Delivery guarantees (docs/service.md, Processes): ``acks_late`` (a message is acknowledged only after its task ends),
 ``reject_on_worker_lost`` (a killed worker's message goes back to the queue), ``prefetch_multiplier=1``
 (a worker holds at most one waiting message per slot), and a Redis visibility timeout above the longest
 job. Tasks are idempotent against the job row, so a redelivered message never completes a job twice.

@@ -1,4 +1,4 @@
-"""Queue names and routing by audio duration (DESIGN.md §1: duration classes)."""
+"""Queue names and routing by audio duration (duration classes, docs/service.md)."""
 
 from __future__ import annotations
 

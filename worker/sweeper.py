@@ -1,4 +1,4 @@
-"""The sweeper: re-drives what the broker lost or a dead worker left, from the job rows (DESIGN.md §5).
+"""The sweeper: re-drives what the broker lost or a dead worker left, from the job rows (docs/service.md, Fault tolerance).
 
 Every worker process runs one (a daemon thread, every ``sweep_interval_s``); several sweepers at once are
 safe because each step is a conditional UPDATE and a duplicate message is a no-op (:mod:`diarist.jobs`).

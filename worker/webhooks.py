@@ -5,7 +5,7 @@ stable across retries, for receiver-side dedup), ``webhook-timestamp`` (Unix sec
 = ``v1,`` + base64(HMAC-SHA256(key, f"{id}.{timestamp}.{body}")) where ``key`` is the base64-decoded part of
 the ``whsec_…`` secret. Body: ``{"type": "job.completed", "timestamp": ISO-8601, "data": {"id", "status",
 "error": {"code"} | null}}``. Retries: exponential backoff, bounded attempts, none after a 4xx other than
-408/429 (DESIGN.md §5). Each message is a row of ``webhook_outbox`` (written with the job's final transition,
+408/429 (docs/service.md, Webhooks). Each message is a row of ``webhook_outbox`` (written with the job's final transition,
 :func:`diarist.jobs.enqueue_webhook`); its ``id`` is the ``webhook-id`` and its ``attempts`` the attempt count,
 so retries and redeliveries keep both.
 """

@@ -1,6 +1,6 @@
 """Time series for the overview charts, rebuilt from job timestamps (no sampler process needed).
 
-- throughput (audio-s/s, DESIGN.md §6): audio seconds of the jobs completed in each bucket / bucket length;
+- throughput (audio-s/s): audio seconds of the jobs completed in each bucket / bucket length;
 - queue depth per class at the end of each bucket: the jobs whose ``[created_at, started_at)`` (or
   ``[created_at, finished_at)`` for one canceled before it started, or ``[created_at, now)`` for one still
   queued) contains that instant. A job sent back to the queue for a retry keeps its first ``started_at``,

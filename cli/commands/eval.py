@@ -38,7 +38,7 @@ def _seconds(text: str) -> float:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data_dir", help="folder of items laid out like ../shared/data (see MANIFEST.md)")
+    p.add_argument("data_dir", help="folder of items, one folder each, references beside the audio (see diarist.references)")
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
     p.add_argument("--model-path", default=None, help="checkpoint directory, or a packaged Whisper: tiny.en (default) "
                    "or base (multilingual)")

@@ -1,6 +1,6 @@
 """The embedded stack: API + in-process Celery worker threads + SQLite + local store + in-process engine.
 
-One process, no external servers (DESIGN.md §1 "Embedded mode"); the same code paths as production:
+One process, no external servers (docs/service.md, "Embedded"); the same code paths as production:
 HTTP → ``api`` → object store + job row → Celery (``memory://``) → ``worker`` → engine → transcript.
 Used by ``diarist serve --embedded``, ``diarist demo`` and the service tests.
 """

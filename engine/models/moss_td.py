@@ -1,7 +1,7 @@
 """MOSS-Transcribe-Diarize: Whisper-medium encoder, 4-frame merge, adapter, Qwen3 decoder.
 
-Checkpoint layout (OpenMOSS ``MossTranscribeDiarizeForConditionalGeneration``; facts in
-``shared/docs/moss_td.md`` §1): ``model.whisper_encoder.*`` (HF ``WhisperEncoder`` names),
+Checkpoint layout (OpenMOSS ``MossTranscribeDiarizeForConditionalGeneration`` and the
+released ``config.json``): ``model.whisper_encoder.*`` (HF ``WhisperEncoder`` names),
 ``model.vq_adaptor.layers.{0,2,3}.*`` (Linear, SiLU, Linear, LayerNorm with the text ``rms_norm_eps``),
 ``model.language_model.*`` (HF ``Qwen3Model`` names), ``lm_head.weight`` tied to the token embedding.
 

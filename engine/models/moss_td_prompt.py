@@ -1,6 +1,6 @@
 """MOSS-TD prompt: ChatML with the audio span (``<|audio_pad|>`` tokens interleaved with time markers).
 
-Format (``shared/docs/moss_td.md`` §2; OpenMOSS ``processing_moss_transcribe_diarize.py`` and
+Format (OpenMOSS ``processing_moss_transcribe_diarize.py`` and
 ``inference_utils.py``, Apache-2.0): the rendered chat is ::
 
     <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n

@@ -36,7 +36,7 @@ def test_table_rows_start_at_one_and_double_free_is_caught():
 
 
 def test_kv_bytes_per_token_matches_qwen3_06b_figure():
-    # 28 layers x (K+V) x 8 kv heads x 128 dims x 2 bytes = 112 KiB (DESIGN.md §3)
+    # 28 layers x (K+V) x 8 kv heads x 128 dims x 2 bytes = 112 KiB
     assert KVPool.bytes_per_token(28, 8, 128, torch.bfloat16) == 112 * 1024
 
 

@@ -42,7 +42,7 @@ def test_90_minute_prompt_size(h200, wave90):
     template = len(build_prompt(h200.tokenizer, 1).ids) - 1  # one audio token, no marker
     seq = build_moss_sequence(h200, wave90, max_new_tokens=24_000)
     assert seq.prompt_ids.count(151671) == 67_500  # 180 windows x 375
-    assert seq.prompt_len == 67_500 + 10_248 + template  # + 2 s marker digits (shared/docs/moss_td.md §2)
+    assert seq.prompt_len == 67_500 + 10_248 + template  # + 2 s marker digits
     assert 77_500 < seq.prompt_len < 78_500
 
 

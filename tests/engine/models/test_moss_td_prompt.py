@@ -27,8 +27,8 @@ def tok():
 
 
 def test_rendered_chat_encodes_to_the_published_ids(tok):
-    # Ids of the whole prompt with one pad and the user text "请将音频转写为文本", from
-    # shared/tokenizers/qwen3/SPECIAL_TOKENS.md (verified there against the slow Qwen2Tokenizer).
+    # Ids of the whole prompt with one pad and the user text "请将音频转写为文本", as the slow
+    # Qwen2Tokenizer of Qwen3-0.6B encodes them.
     expected = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198, 151669,
                 151671, 151670, 198, 14880, 44063, 111268, 46670, 61443, 17714, 108704, 151645, 198, 151644,
                 77091, 198]
@@ -71,7 +71,7 @@ def test_markers_are_absolute_seconds_across_windows(every, per_marker):
 
 
 @pytest.mark.parametrize("seconds,every,digits", [
-    (30, 2, 26), (600, 2, 847), (5400, 2, 10_248),  # counts from shared/docs/moss_td.md §2
+    (30, 2, 26), (600, 2, 847), (5400, 2, 10_248),  # digits of the markers at every 2 s (30 s: 1 x 4 + 2 x 11)
     (30, 5, 11), (600, 5, 1 * 1 + 18 * 2 + 101 * 3), (1.9, 2, 0),
 ])
 def test_marker_digit_counts(seconds, every, digits):
