@@ -1,9 +1,9 @@
 """Prefill CUDA graphs by token-count bucket: the prompt chunks of a step replayed as one graph.
 
-Why: an eager forward of the decoder costs ~10 ms of host time on the H200 (28 layers of Triton and cuBLAS
-launches from Python), while the GPU needs ~2-3 ms for the ~1,500 prompt tokens a W-short step admits;
-with 16-64 short requests in flight a prefill step comes every few decode steps, and those eager steps
-took a fifth of W-short's wall time (``benchmarks/results/archive/diag_wshort_h200_f8e3287.json``). A step that mixes decodes with prompt
+Why: an eager forward of the decoder is bound by the host (28 layers of Triton and cuBLAS launches from
+Python take longer than the GPU needs for the prompt tokens a W-short step admits); with 16-64 short
+requests in flight a prefill step comes every few decode steps, and those eager steps took a fifth of
+W-short's wall time (``benchmarks/results/archive/diag_wshort_h200_f8e3287.json``). A step that mixes decodes with prompt
 chunks now replays two graphs back to back on the same stream: the decode graph for its leading decode
 items (:mod:`engine.cuda_graph`) and a prefill graph for the rest.
 

@@ -265,10 +265,10 @@ def _gemv_kernel(X, W, Out, N, stride_xm, stride_wn, stride_om, M: tl.constexpr,
 
 
 def gemv_tile(k: int) -> tuple[int, int]:
-    """(rows of ``W`` per program, warps) for a GEMV over K. Swept on an H200 at M = 1 over 1-16 rows x
-    1-8 warps (benchmarks/bench_decode_ops.py --only sweep): K >= 2048 is fastest with one row and one
-    warp (o_proj 3.3 us, down 3.9 us), K = 1024 with two rows and four warps (qkv 4.1, gate_up 5.1,
-    lm_head 70.3 us = 4.4 TB/s). Many small programs keep the most loads in flight."""
+    """(rows of ``W`` per program, warps) for a GEMV over K: K >= 2048 is fastest with one row and one warp,
+    K = 1024 with two rows and four warps (swept at M = 1 over 1-16 rows x 1-8 warps,
+    ``benchmarks/results/archive/decode_ops_h200_3974339_gemv_sweep.json``). Many small programs keep
+    the most loads in flight."""
     return (1, 1) if k >= 2048 else (2, 4)
 
 
