@@ -25,6 +25,7 @@ from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
 from engine.engine import Engine
+from engine.models.mel import HOP_LENGTH, N_FRAMES
 from transcription.whisper_decoding import (
     WhisperTimestampRules,
     WhisperTokens,
@@ -315,7 +316,8 @@ class Transcriber:
             except ImportError:
                 align_words = None
             if align_words is not None:
-                n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
+                # mel frames of real audio (100 per second)
+                n_frames = min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH)))
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
                                         self.alignment_heads, n_frames, split_characters=split_characters)
         for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.models.mel import HOP_LENGTH, SAMPLE_RATE
 from transcription.whisper_decoding import WhisperTokens, split_segments
 
-FRAME_S = 0.02
-"""Seconds per encoder frame (two 10 ms mel frames)."""
+FRAME_S = 2 * HOP_LENGTH / SAMPLE_RATE
+"""Seconds per encoder frame (0.02: the encoder's stride-2 conv over 10 ms mel frames)."""
 MEDIAN_WIDTH = 7
 """Median filter width in encoder frames (OpenAI's value)."""
 _PUNCT = set(string.punctuation) | set("。，！？：”、")
