@@ -18,46 +18,44 @@ def test_tree_has_no_circles_and_no_upward_arrows():
     assert ", 0 circles, 0 upward arrows" in text
 
 
-def _write(root: Path, files: dict[str, str]) -> None:
+def _check(root: Path, files: dict[str, str]) -> tuple[int, str]:
+    """Write ``files`` (relative path -> source) under ``root`` and run the check there."""
     for rel, body in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body)
+    return check.report(root)
 
 
-def test_function_level_circle_is_found(tmp_path):
-    _write(tmp_path, {
-        "engine/__init__.py": "",
-        "engine/a.py": "from engine.b import g\n",
-        "engine/b.py": "def g():\n    from engine import a\n    return a\n",
-    })
-    problems, text = check.report(tmp_path)
-    assert problems == 1
-    assert "circle: engine.a <-> engine.b" in text
-    assert "engine/b.py:2: engine.b -> engine.a" in text
-
-
-def test_circle_through_a_package_init_is_found(tmp_path):
+CIRCLES = {
+    "function-level import": (
+        {"engine/__init__.py": "", "engine/a.py": "from engine.b import g\n",
+         "engine/b.py": "def g():\n    from engine import a\n    return a\n"},
+        ["circle: engine.a <-> engine.b", "engine/b.py:2: engine.b -> engine.a"]),
     # importing pkg.sub runs pkg/__init__, which imports the importer back (the old api.admin <-> api.metrics)
-    _write(tmp_path, {
-        "api/__init__.py": "",
-        "api/metrics.py": "def f():\n    from api.admin.engines import x\n",
-        "api/admin/__init__.py": "from api import metrics\n",
-        "api/admin/engines.py": "x = 1\n",
-    })
-    problems, text = check.report(tmp_path)
-    assert problems == 1
-    assert "circle: api.admin <-> api.metrics" in text
+    "through a package init": (
+        {"api/__init__.py": "", "api/metrics.py": "def f():\n    from api.admin.engines import x\n",
+         "api/admin/__init__.py": "from api import metrics\n", "api/admin/engines.py": "x = 1\n"},
+        ["circle: api.admin <-> api.metrics", "api/metrics.py:2: api.metrics -> api.admin"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CIRCLES))
+def test_circles_are_found(tmp_path, case):
+    files, expected = CIRCLES[case]
+    problems, text = _check(tmp_path, files)
+    assert problems == 1, text
+    for line in expected:
+        assert line in text
 
 
 def test_package_init_importing_its_submodules_is_no_circle(tmp_path):
-    _write(tmp_path, {
+    problems, text = _check(tmp_path, {
         "engine/__init__.py": "",
         "engine/ops/__init__.py": "from engine.ops.norm import rms\n",
         "engine/ops/_kernels.py": "k = 1\n",
         "engine/ops/norm.py": "from engine.ops._kernels import k\nrms = k\n",
     })
-    problems, text = check.report(tmp_path)
     assert problems == 0, text
 
 
@@ -70,20 +68,19 @@ def test_package_init_importing_its_submodules_is_no_circle(tmp_path):
     ("engine/x.py", "from tests import helpers\n", "tests"),
 ])
 def test_upward_arrow_is_found(tmp_path, src, stmt, dst_pkg):
-    _write(tmp_path, {
+    problems, text = _check(tmp_path, {
         "engine/__init__.py": "", "engine/config.py": "", "engine/engine.py": "E = 1\n",
         "transcription/__init__.py": "", "transcription/t.py": "",
         "worker/__init__.py": "", "worker/tasks.py": "", "api/__init__.py": "", "api/app.py": "",
         "cli/__init__.py": "main = 1\n", "tests/__init__.py": "", "tests/helpers.py": "",
         "diarist/__init__.py": "", src: stmt,
     })
-    problems, text = check.report(tmp_path)
     assert problems == 1, text
     assert f"may not import {dst_pkg})" in text
 
 
 def test_allowed_arrows_pass(tmp_path):
-    _write(tmp_path, {
+    problems, text = _check(tmp_path, {
         "engine/__init__.py": "from engine.config import C\n", "engine/config.py": "C = 1\n",
         "diarist/__init__.py": "", "diarist/settings.py": "def f():\n    from engine.config import C\n",
         "transcription/__init__.py": "import engine\nimport diarist.settings\n",
@@ -91,5 +88,4 @@ def test_allowed_arrows_pass(tmp_path):
         "api/__init__.py": "import worker\n",
         "cli/__init__.py": "import api, worker, transcription, engine, diarist\n",
     })
-    problems, text = check.report(tmp_path)
     assert problems == 0, text
