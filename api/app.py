@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-
-import time
 from typing import Any
 
 import anyio.to_thread

@@ -40,8 +40,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
-from diarist.engine_wire import (ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTION_FIELDS, OPTIONS_HEADER, PCM_HEADER,
-                                  PcmFormat)
+from diarist.engine_wire import (
+    ADMISSION_CLASS_HEADER,
+    JOB_ID_HEADER,
+    OPTION_FIELDS,
+    OPTIONS_HEADER,
+    PCM_HEADER,
+    PcmFormat,
+)
 from diarist.logs import job_context
 
 log = logging.getLogger("diarist.engine_server")
@@ -89,8 +95,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
     ``ValueError`` unless the engine runs dummy MOSS-TD weights).
     """
-    from transcription.audio import AudioError, DecodedAudio
     from engine.request import ADMISSION_CLASSES, RequestRejected
+    from transcription.audio import AudioError, DecodedAudio
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     tr = Transcriber(engine, fixed_output_tokens=fixed_output_tokens)
@@ -129,7 +135,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
                 put({"type": "result", "result": {**result, "engine_id": engine_id}})
             except ApiError as e:
                 put({"type": "error", "code": e.code, "message": e.message})
-            except Exception as e:  # noqa: BLE001 - the stream must end with a line the worker understands
+            except Exception as e:  # the stream must end with a line the worker understands
                 with job_context(job_id):
                     log.exception("engine request failed")  # unexpected: the one traceback of it
                 put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})

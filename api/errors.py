@@ -90,7 +90,7 @@ class InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception as exc:  # noqa: BLE001 - the one place unexpected errors are logged and answered
+        except Exception as exc:  # the one place unexpected errors are logged and answered
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not started:
                 response = JSONResponse(error_body("internal_error", type(exc).__name__), status_code=500)

@@ -19,8 +19,8 @@ from api.errors import ApiError
 from api.schemas import JobOptions
 from diarist.models import Job, JobStatus, new_id, utcnow
 from diarist.netguard import UnsafeURL, check_url
-from diarist.redact import display_url
 from diarist.outages import Dependency, classify
+from diarist.redact import display_url
 from diarist.services import Services
 
 log = logging.getLogger("diarist.api")
@@ -241,7 +241,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         raise unavailable(services, Dependency.DATABASE) from None
     try:
         services.dispatcher.transcribe(job_id, queue)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any broker error: undo the row, answer 503 queue_unavailable
         log.warning("submit: enqueue of %s failed (%s: %s)", job_id, type(e).__name__, e)
         _discard_job(services, job_id)
         raise unavailable(services, Dependency.QUEUE) from None

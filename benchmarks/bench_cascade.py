@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transcription.audio.vad import detect_speech  # noqa: E402
-from transcription.diarization import diarize  # noqa: E402
+from transcription.audio.vad import detect_speech
+from transcription.diarization import diarize
 
 CLIPS = ["en_2spk_phonecall_pyannote_sample/sample.wav", "en_ami_meeting_dev00_2spk/dev00.wav",
          "en_ami_meeting_trn05_4spk/trn05.wav", "en_ami_meeting_trn07_4spk/trn07.wav"]

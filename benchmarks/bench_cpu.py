@@ -41,7 +41,7 @@ def _ours(files: list[Path], threads: int, repeats: int) -> dict:
     per, total_audio, total_s = [], 0.0, 0.0
     for f in files:
         dur = decode_audio(f).duration
-        best = min(_timed(lambda: tr.transcribe(f, opts)) for _ in range(repeats))
+        best = min(_timed(lambda f=f: tr.transcribe(f, opts)) for _ in range(repeats))
         per.append({"file": f.name, "audio_s": dur, "seconds": best, "rtf": best / dur})
         total_audio += dur
         total_s += best
@@ -51,8 +51,8 @@ def _ours(files: list[Path], threads: int, repeats: int) -> dict:
 def _faster_whisper(files: list[Path], threads: int, repeats: int, compute_type: str) -> dict:
     from faster_whisper import WhisperModel
 
-    from transcription.audio import decode_audio
     from engine.loaders import bundled_whisper_dir
+    from transcription.audio import decode_audio
 
     model = WhisperModel(str(bundled_whisper_dir()), device="cpu", compute_type=compute_type, cpu_threads=threads)
 
@@ -65,7 +65,7 @@ def _faster_whisper(files: list[Path], threads: int, repeats: int, compute_type:
     per, total_audio, total_s = [], 0.0, 0.0
     for f in files:
         dur = decode_audio(f).duration
-        best = min(_timed(lambda: run(f)) for _ in range(repeats))
+        best = min(_timed(lambda f=f: run(f)) for _ in range(repeats))
         per.append({"file": f.name, "audio_s": dur, "seconds": best, "rtf": best / dur})
         total_audio += dur
         total_s += best
@@ -94,7 +94,8 @@ def main() -> None:
     ours["torch_threads"] = torch.get_num_threads()
     fw = _faster_whisper(files, a.fw_threads, a.repeats, "float32")
     fw8 = _faster_whisper(files, a.fw_threads, a.repeats, "int8")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                            text=True).stdout.strip()
     out = {
         "benchmark": "cpu_tiny_en_vs_faster_whisper",
         "command": "python benchmarks/bench_cpu.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items() if v and k != "out"),

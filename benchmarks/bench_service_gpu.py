@@ -49,7 +49,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import service_topology as topo  # noqa: E402
+import service_topology as topo
 
 WORKLOADS = {"w-short": "w-short-c64", "w-long": "w-long-c16"}
 """Our workloads by their ``bench_engine.WORKLOADS`` names (requests, audio s, output tokens, concurrency)."""
@@ -270,7 +270,7 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny dummy MOSS-TD and a handful of jobs (CPU smoke)")
     ap.add_argument("--topologies", default="production,embedded", help="run in this order: production first")
     ap.add_argument("--workloads", default="w-short,w-long")
-    over = lambda s: dict(kv.split("=") for kv in s.split(",") if kv)  # noqa: E731
+    over = lambda s: dict(kv.split("=") for kv in s.split(",") if kv)
     ap.add_argument("--jobs", type=over, default={}, help="e.g. w-long=4")
     ap.add_argument("--tokens", type=over, default={}, help="e.g. w-long=1000 (projected to the full length)")
     ap.add_argument("--audio-s", type=over, default={}, help="e.g. w-short=12")
@@ -309,7 +309,7 @@ def main() -> int:
            "fixed_output_switch": "Transcriber(fixed_output_tokens=N) on the engine server's / embedded stack's "
            "transcriber instance, refused unless the weights are dummy MOSS-TD; not a request field",
            "topologies": {}, "workloads": {}}
-    save = lambda: args.out and Path(args.out).write_text(json.dumps(res, indent=1))  # noqa: E731
+    save = lambda: args.out and Path(args.out).write_text(json.dumps(res, indent=1))
     names = [w for w in args.workloads.split(",") if w]
     plan = runs(args.topologies, args.engines)
     embedded_engine = None

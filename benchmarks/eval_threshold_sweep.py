@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -39,16 +40,16 @@ for held in items:
     best = min(rows, key=lambda t: (np.mean([rows[t][i]["der_c0.25"] for i in rest]), abs(float(t) - DEFAULT)))
     loo[held] = {"chosen_cut": float(best), "held_out_der_c0.25": rows[best][held]["der_c0.25"],
                  "der_c0.25_at_default": rows[f"{DEFAULT:.2f}"][held]["der_c0.25"]}
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
 out = {"command": ".venv/bin/python " + " ".join(sys.argv), "git_commit": commit,
        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
        "what": f"transcript DER on its speaker turns (collar 0.25 s each side, overlap scored) and speaker counts from diarist eval, "
                f"transcription.diarization.pipeline.THRESHOLD set to each cut (default {DEFAULT}); everything else default",
-       "driver_source": open(__file__).read(),
+       "driver_source": Path(__file__).read_text(),
        "by_cut": {t: {"items": r, "ami_mean_der_c0.25": float(np.mean(ami(t))), "phone_der_c0.25": phone(t),
                       "one_reader_en_de_speakers": multi(t)}
                   for t, r in rows.items()},
        "leave_one_out": loo}
-json.dump(out, open(sys.argv[1], "w"), indent=2)
+Path(sys.argv[1]).write_text(json.dumps(out, indent=2))
 print(json.dumps({t: (round(100 * v["ami_mean_der_c0.25"], 1), round(100 * v["phone_der_c0.25"], 1)) for t, v in out["by_cut"].items()}))
 print(json.dumps(loo, indent=1))

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                        "rtf")},
                         "by_language": per_lang, "cjk_clips": clips,
                         "zh_cer_t2s_mean": sum(c["cer_t2s"] for c in zh) / len(zh) if zh else None}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     out = {"command": " ".join(shlex.quote(x) for x in sys.argv), "git_commit": commit,
            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "models": models}

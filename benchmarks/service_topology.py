@@ -24,7 +24,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG  # noqa: E402
+from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 
 
 def engine_config(device: str, tiny: bool, max_running: int) -> Any:
@@ -175,7 +175,7 @@ def _runnable(binary: str | None) -> str | None:
     if binary is None:
         return None
     try:
-        ok = subprocess.run([binary, "--version"], capture_output=True, timeout=10).returncode == 0
+        ok = subprocess.run([binary, "--version"], check=False, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     return binary if ok else None

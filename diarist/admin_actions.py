@@ -88,7 +88,7 @@ def retry(svc: Services, job_id: str) -> Outcome:
             return Outcome("noop", "the job changed state meanwhile")
     try:
         svc.dispatcher.transcribe(job_id, queue)
-    except Exception as e:  # put the job back as it was: a queued row with no message would never run
+    except Exception as e:  # noqa: BLE001 - put the job back as it was: a queued row with no message would never run
         with svc.db.session() as s:
             s.execute(update(Job).where(Job.id == job_id, Job.status == JobStatus.QUEUED.value).values(
                 status=JobStatus.FAILED.value, error_code=prev_code, error_message=prev_message,

@@ -57,11 +57,11 @@ class PcmFormat:
         """
         raw = json.loads(value)
         if not isinstance(raw, dict):
-            raise ValueError("the PCM header must be a JSON object")
+            raise ValueError("the PCM header must be a JSON object")  # noqa: TRY004 - one error type: a 400
         fmt = cls(**raw)
         ints = (fmt.channels, fmt.frames, fmt.sample_rate, fmt.source_sample_rate, fmt.source_channels)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or min(ints) < 1:
             raise ValueError(f"the PCM header's counts must be positive integers: {raw}")
         if not isinstance(fmt.codec, str) or not isinstance(fmt.container, str):
-            raise ValueError("the PCM header's codec and container must be strings")
+            raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
         return fmt

@@ -46,7 +46,7 @@ def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> d
         try:
             rec.update(fn())
             return True
-        except Exception as e:  # e.g. an STM whose text normalises to nothing
+        except Exception as e:  # noqa: BLE001 - e.g. an STM whose text normalises to nothing
             problems.append(f"{name} scoring failed: {type(e).__name__}: {e}")
             return False
 
@@ -120,7 +120,7 @@ def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...
         result = transcribe_fn(item.audio, **item.hints)
         wall = time.perf_counter() - t0
         t = Transcript.from_engine(result)
-    except Exception as e:  # one bad item must not end the run; the message goes in the report
+    except Exception as e:  # noqa: BLE001 - one bad item must not end the run; the message goes in the report
         rec["error"] = f"{type(e).__name__}: {e}"
         return rec
     if save_dir is not None:

@@ -221,7 +221,7 @@ def send_webhook(svc: Services, job_id: str, message_id: str, event: str, countd
         return
     try:
         svc.dispatcher.webhook(job_id, event, message_id, countdown=countdown)
-    except Exception as e:  # the outbox row holds the message; the sweeper sends it when the broker is back
+    except Exception as e:  # noqa: BLE001 - the outbox row holds the message; the sweeper sends it when the broker is back
         log.warning("webhook %s of %s not queued (%s: %s); the sweeper will send it", message_id, job_id,
                     type(e).__name__, e)
         try:

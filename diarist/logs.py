@@ -105,7 +105,7 @@ class JsonFormatter(logging.Formatter):
 
 
 class _TextFormatter(logging.Formatter):
-    def formatException(self, ei) -> str:  # noqa: N802 - logging's name
+    def formatException(self, ei) -> str:  # logging's name
         return redact_text(super().formatException(ei))
 
 

@@ -143,7 +143,7 @@ def load_references(item: Item) -> References:
             refs.stm = _pick(sessions, stem, item.stm, "STM")
         except ReferenceFileError as e:
             refs.errors.append(str(e))
-        except Exception as e:  # meeteval raises assorted errors for malformed lines
+        except Exception as e:  # noqa: BLE001 - meeteval raises assorted errors for malformed lines
             refs.errors.append(f"cannot parse STM file {item.stm}: {type(e).__name__}: {e}")
     if item.rttm is not None:
         try:
@@ -158,7 +158,7 @@ def load_references(item: Item) -> References:
                 refs.rttm = _pick(load_rttm(item.rttm), stem, item.rttm, "RTTM")
         except ReferenceFileError as e:
             refs.errors.append(str(e))
-        except Exception as e:  # pandas/pyannote raise assorted errors for malformed lines
+        except Exception as e:  # noqa: BLE001 - pandas/pyannote raise assorted errors for malformed lines
             refs.errors.append(f"cannot parse RTTM file {item.rttm} (expected 10 fields 'SPEAKER <file-id> 1 "
                                f"<start> <dur> <NA> <NA> <speaker> <NA> <NA>'): {type(e).__name__}: {e}")
     return refs

@@ -78,8 +78,8 @@ class Postgres:
 
     def up(self) -> None:
         subprocess.run([*self.prefix, self.pg_ctl, "-D", str(self.data), "-w", "-l", str(self.root / "log"), "-o",
-                        f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-                        "-c max_connections=300", "start"], check=True, capture_output=True)
+                        (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
+                        "-c max_connections=300"), "start"], check=True, capture_output=True)
 
     def down(self) -> None:
         """Stop at once (``-m immediate``: connections are cut like a crashed or unplugged server)."""

@@ -19,8 +19,8 @@ import torch
 
 from engine.models.mel import SAMPLE_RATE
 from engine.models.moss_td_prompt import build_prompt
-from transcription.repetition import RepetitionGuard
 from engine.request import RequestRejected, Sequence
+from transcription.repetition import RepetitionGuard
 
 MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a useful transcript
 GiB = 1 << 30

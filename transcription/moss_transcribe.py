@@ -10,11 +10,11 @@ import numpy as np
 
 from engine.engine import Engine
 from engine.models.mel import SAMPLE_RATE
+from engine.request import EventInbox, FinishReason, Sequence
+from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 from transcription.errors import EngineError
 from transcription.moss_td_pipeline import build_moss_sequence, moss_result
 from transcription.progress import EventFn
-from engine.request import EventInbox, FinishReason, Sequence
-from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 
 
 def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None,

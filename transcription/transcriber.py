@@ -21,22 +21,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.engine import Engine
+from engine.models.mel import HOP_LENGTH, N_FRAMES
+from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
+from engine.streaming import IncrementalDetokenizer
 from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
-from engine.engine import Engine
-from engine.models.mel import HOP_LENGTH, N_FRAMES
+from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
+from transcription.progress import EventFn, WindowProgress
+from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (
     WhisperTimestampRules,
     WhisperTokens,
     split_segments,
     whisper_prompt,
 )
-from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
-from transcription.progress import EventFn, WindowProgress
-from transcription.repetition import RepetitionGuard
-from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
-from engine.streaming import IncrementalDetokenizer
 from transcription.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48

@@ -14,6 +14,7 @@ import contextvars
 import logging
 import threading
 from collections.abc import Callable
+from typing import Self
 
 from sqlalchemy import select
 
@@ -88,7 +89,7 @@ class CancelWatch:
         self._thread = threading.Thread(target=ctx.run, args=(self._run,), name=f"cancel-watch-{job_id}",
                                         daemon=True)
 
-    def __enter__(self) -> CancelWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -20,10 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from diarist.engine_wire import ADMISSION_CLASS_HEADER, JOB_ID_HEADER, OPTION_FIELDS, OPTIONS_HEADER, PCM_HEADER
+from diarist.engine_wire import (
+    ADMISSION_CLASS_HEADER,
+    JOB_ID_HEADER,
+    OPTION_FIELDS,
+    OPTIONS_HEADER,
+    PCM_HEADER,
+)
 from diarist.logs import current_job_id
-from worker.cancel import CancelToken
 from diarist.outages import Dependency
+from worker.cancel import CancelToken
 
 EventFn = Callable[[str, dict], None]
 
@@ -60,8 +66,8 @@ class InProcessEngineClient:
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
                    cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
-        from transcription.audio import AudioError
         from engine.request import RequestRejected
+        from transcription.audio import AudioError
         from transcription.transcriber import EngineError, TranscribeOptions
 
         opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None},
@@ -128,7 +134,7 @@ class HttpEngineClient:
         canceled = JobFailure("canceled", "the job was canceled; engine request closed")
         if cancel is not None and cancel.is_set():
             raise canceled
-        unregister = lambda: None  # noqa: E731
+        unregister = lambda: None
         try:
             with httpx.Client(timeout=timeout) as client, client.stream(
                     "POST", f"{self.url}/internal/transcribe", content=decoded.pcm_chunks(),

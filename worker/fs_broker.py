@@ -24,7 +24,7 @@ class Channel(filesystem.Channel):
     def _put(self, queue: str, payload: dict, **kwargs: object) -> None:
         """Put ``payload`` onto ``queue``: written as ``.<name>.tmp``, then renamed to ``<name>``, whose
         ``<ms>_<uuid>.<queue>.msg`` form (kombu's) keeps the consumers' order and queue filter."""
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         tmp = os.path.join(self.data_folder_out, f".{name}.tmp")
         with open(tmp, "wb") as f:
             f.write(str_to_bytes(dumps(payload)))

@@ -13,8 +13,8 @@ from celery.exceptions import Retry
 
 from diarist import jobs
 from diarist.logs import job_context
-from worker.celery_app import app
 from diarist.outages import classify
+from worker.celery_app import app
 from worker.process import outage_delay, process_job
 from worker.runtime import runtime
 from worker.webhooks import deliver

@@ -16,8 +16,8 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from diarist.metrics import class_of
 from diarist.db import Database
+from diarist.metrics import class_of
 from diarist.models import ApiKey, Job, JobMetrics, JobStatus, WebhookDelivery, WorkerBeat
 
 CLASSES = ("short", "long")

@@ -10,9 +10,8 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from diarist.redact import display_url, redact_text
-
 from api.admin.queries import as_utc
+from diarist.redact import display_url, redact_text
 
 API_DIR = Path(__file__).resolve().parents[1]
 STATIC_DIR = API_DIR / "static" / "admin"

@@ -92,13 +92,13 @@ def read_cookie(request: Request, value: str | None, now: float | None = None) -
     return key_id
 
 
-def set_session(request: Request, response, key_id: str) -> None:  # noqa: ANN001 - a starlette Response
+def set_session(request: Request, response, key_id: str) -> None:  # response: a starlette Response
     value, ttl = make_cookie(request, key_id)
     response.set_cookie(COOKIE, value, max_age=ttl, path=COOKIE_PATH, httponly=True, samesite="strict",
                         secure=get_admin_settings().cookie_secure)
 
 
-def clear_session(response) -> None:  # noqa: ANN001
+def clear_session(response) -> None:
     response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict",
                            secure=get_admin_settings().cookie_secure)
 
@@ -115,7 +115,7 @@ def check_csrf(request: Request, user: AdminUser, token: str | None) -> None:
         raise ApiError(403, "csrf_failed", "the form is stale or forged: reload the page and try again")
 
 
-def _live_admin(services, key_id: str) -> ApiKey | None:  # noqa: ANN001
+def _live_admin(services, key_id: str) -> ApiKey | None:
     with services.db.session() as s:
         row = s.get(ApiKey, key_id)
         if row is None or row.revoked_at is not None:

@@ -28,10 +28,9 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.engine_server import create_engine_app
+    from diarist.logs import configure_logging
     from diarist.settings import Settings
     from engine import Engine
-
-    from diarist.logs import configure_logging
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)

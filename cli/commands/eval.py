@@ -97,7 +97,7 @@ def replay_transcribe_fn(hyp_dir: str | Path, data_dir: str | Path) -> Transcrib
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True, timeout=5,
                              cwd=Path(__file__).resolve().parent)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
@@ -165,14 +165,16 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
                 return 2
             transcribe_fn, timing = replay_transcribe_fn(args.hyp_dir, data_dir), "reported"
         else:
-            from engine.config import DeviceUnavailable  # torch-free; not at import: eval runs without the engine
+            from engine.config import (
+                DeviceUnavailable,  # torch-free; not at import: eval runs without the engine
+            )
 
             try:
                 transcribe_fn = engine_transcribe_fn(args.model, args.model_path, args.device,
                                                      getattr(args, "diarize", True))
             except DeviceUnavailable:
                 raise  # the CLI's one line for every entry point, exit 2
-            except Exception as e:  # no model files, unknown family, no CUDA...: say so, no traceback
+            except Exception as e:  # noqa: BLE001 - no model files, unknown family, no CUDA...: say so, no traceback
                 print(f"diarist eval: cannot start the {args.model!r} pipeline: {type(e).__name__}: {e}",
                       file=sys.stderr)
                 return 2

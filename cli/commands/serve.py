@@ -30,9 +30,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diarist.settings import Settings
-
     from diarist.logs import configure_logging
+    from diarist.settings import Settings
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)

@@ -64,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         return fail("invalid_request", str(e))
     from diarist.formats import render
-    from diarist.transcript import Transcript
     from diarist.settings import Settings
+    from diarist.transcript import Transcript
     from engine import DeviceUnavailable, Engine
-    from transcription.audio import AudioError, probe_duration
     from engine.request import RequestRejected
+    from transcription.audio import AudioError, probe_duration
     from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     try:

@@ -41,16 +41,15 @@ def _engine_urls(text: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import socket
 
+    from celery.signals import setup_logging
+
+    from diarist.logs import configure_logging
     from diarist.services import Services
     from diarist.settings import Settings
     from worker import routing
     from worker.celery_app import CeleryDispatcher, app, configure
     from worker.engine_pool import engine_client
     from worker.runtime import Runtime, set_runtime
-
-    from celery.signals import setup_logging
-
-    from diarist.logs import configure_logging
 
     st = Settings()
     level = args.loglevel or st.log_level

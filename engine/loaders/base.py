@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from engine.models.interface import EngineModel
 from engine.tokenizer import TextTokenizer
 

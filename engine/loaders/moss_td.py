@@ -62,7 +62,7 @@ def _copy_weights(model: MossTDForConditionalGeneration, path: Path) -> None:
     seen, unexpected = set(), []
     for f in _weight_files(path):
         with safe_open(str(f), framework="pt") as sf:
-            for name in sf.keys():
+            for name in sf.keys():  # noqa: SIM118 - safe_open has keys(), it is not iterable
                 if name == "lm_head.weight" and tied:
                     continue
                 p = params.get(name)

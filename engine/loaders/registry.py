@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from engine.config import EngineConfig
 from engine.checkpoints import packaged_whisper
+from engine.config import EngineConfig
 from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError, load_ct2_whisper, load_ct2_whisper_bytes
 from engine.loaders.split import assemble

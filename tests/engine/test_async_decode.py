@@ -11,9 +11,9 @@ import torch
 
 from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from transcription.moss_td_pipeline import build_moss_sequence
 from engine.overlap import PLACEHOLDER
 from engine.request import Status
+from transcription.moss_td_pipeline import build_moss_sequence
 
 CUDA = torch.cuda.is_available()
 TINY = {  # vocab 512 keeps greedy ties improbable with random weights
@@ -119,8 +119,8 @@ def test_whisper_transcripts_async_equal_sync(whisper_engine):
     """Whisper's steps carry logits processors (timestamp rules), which async decode runs synchronously
     inside its loop; the transcripts must not change (async decode is the default on CUDA)."""
     from engine.loaders import LoadedModel
-    from transcription.transcriber import TranscribeOptions, Transcriber
     from tests.conftest import data_file
+    from transcription.transcriber import TranscribeOptions, Transcriber
 
     loaded = whisper_engine.loaded
     lookahead = Engine(EngineConfig(model="whisper", kv_budget_bytes=512 << 20, max_running_requests=24,

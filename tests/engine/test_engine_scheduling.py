@@ -10,20 +10,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
+from tests.conftest import data_file
 from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
 from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
-from tests.conftest import data_file
 
-TINY = dict(d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-            decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
-            max_source_positions=100)
+TINY = {"d_model": 64, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+            "max_source_positions": 100}
 TINY_MEL = (80, 200)  # 2 s of frames: the tiny encoder's 100 source positions
 
 
 def tiny_engine(**kw) -> Engine:
     """Random-weight Whisper of tiny width: fast, and exercises the same code paths as tiny.en."""
-    cfg = dict(model="whisper", load_format="dummy", dummy_config=TINY, kv_budget_bytes=64 << 20,
-               max_running_requests=16)
+    cfg = {"model": "whisper", "load_format": "dummy", "dummy_config": TINY, "kv_budget_bytes": 64 << 20,
+               "max_running_requests": 16}
     cfg.update(kw)
     return Engine(EngineConfig(**cfg))
 

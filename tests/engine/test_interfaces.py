@@ -26,8 +26,8 @@ from engine.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
 from engine.resolve import resolve_config
 from tests.engine.test_engine_scheduling import TINY
 
-QWEN_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512)
+QWEN_TINY = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512}
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ import torch
 
 from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from transcription.moss_td_pipeline import build_moss_sequence
 from tests.conftest import TINY_MOSS, teacher_forcing
+from transcription.moss_td_pipeline import build_moss_sequence
 
 CUDA = torch.cuda.is_available()
 if not CUDA:  # the graph-path test runs the Triton backend under the interpreter: set before kernels load
@@ -259,7 +259,7 @@ def test_graph_paths_equal_eager_on_the_cpu(monkeypatch):
         if out is None:
             return ref, ref.argmax(dim=-1)
         try:  # the engine turns a failed step into finished sequences: keep the failure for the test
-            if logits or kind.startswith("decode graph") or kind.startswith("prefill graph"):
+            if logits or kind.startswith(("decode graph", "prefill graph")):
                 torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-4)
             else:  # forward_greedy: a split step does not join the two graphs' logits
                 assert out[0] is None, "a split step joined logits nobody reads"

@@ -10,7 +10,7 @@ import torch
 
 from engine import DeviceUnavailable, Engine, EngineConfig
 from engine.ops.linear import REFERENCE, LinearKernels, UsesLinearKernels, set_linear_kernels
-from engine.resolve import checkpoint_dtype, check_device, describe, resolve_config
+from engine.resolve import check_device, checkpoint_dtype, describe, resolve_config
 from tests.engine.test_engine_scheduling import TINY, tiny_engine
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from engine import Sequence
+from tests.conftest import data_file
 from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
 from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
-from tests.conftest import data_file
 
 transformers = pytest.importorskip("transformers")
 

@@ -22,6 +22,7 @@ import httpx
 from tests.faults.topology import FINAL, Cluster, Embedded
 from tests.servers import wait_port
 
+
 @dataclass
 class FaultResult:
     """Counts of one fault run (what the suite asserts and faults_cpu.json records)."""

@@ -12,11 +12,11 @@ from torch import nn
 from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders import LoadedModel
 from engine.loaders.moss_td import ASSET_TOKENIZER
+from engine.tokenizer import TextTokenizer
+from tests.conftest import data_file
 from transcription.moss_td_parser import render_moss_td
 from transcription.moss_td_pipeline import TimestampProgress, _digit_class, build_moss_sequence, moss_result
 from transcription.repetition import RepetitionGuard
-from engine.tokenizer import TextTokenizer
-from tests.conftest import data_file
 
 EOS = 151645
 
@@ -168,10 +168,10 @@ def test_engine_ends_a_laughter_loop_and_keeps_the_transcript(tok):
 
 
 def test_dummy_moss_model_forced_to_loop_ends_with_repetition():
-    tiny = {"text_config": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=32),
-            "audio_config": dict(d_model=64, encoder_layers=1, encoder_attention_heads=4,
-                                 encoder_ffn_dim=128)}
+    tiny = {"text_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32},
+            "audio_config": {"d_model": 64, "encoder_layers": 1, "encoder_attention_heads": 4,
+                                 "encoder_ffn_dim": 128}}
     engine = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=tiny,
                                  kv_budget_bytes=16 << 20, max_running_requests=2))
     with torch.no_grad():  # a zero final norm makes every logit 0: greedy repeats token 0 forever

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 
+from tests.conftest import data_file
 from transcription.audio import AudioError
 from transcription.transcriber import TranscribeOptions, Transcriber
-from tests.conftest import data_file
 
 jiwer = pytest.importorskip("jiwer")
 

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from tests.conftest import data_file
 from transcription.audio import decode_audio
 from transcription.audio.vad import detect_speech, normalise_level, segmentation_speech, speech_probabilities
-from tests.conftest import data_file
 
 NO_SPEECH = [
     "music_brahms_hungarian_dance5_ogg/Hungarian_Dance_number_5_-_Allegro_in_F_sharp_minor_(string_orchestra).ogg",

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import decode_and_align
 from transcription.whisper_align import _median_filter, align_words, dtw_path
 from transcription.whisper_decoding import split_segments
-from tests.conftest import decode_and_align
 
 
 @pytest.fixture(scope="module")

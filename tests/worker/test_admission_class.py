@@ -115,7 +115,7 @@ def test_in_process_client_sets_the_class(moss, noise_wav, klass):
 
 @pytest.mark.parametrize("klass", ["short", "long"])
 def test_http_client_sets_the_class(moss, moss_server, noise_wav, klass):
-    engine, rec = moss
+    _engine, rec = moss
     rec.take()
     result = HttpEngineClient(moss_server, timeout_s=60).transcribe(noise_wav, {}, admission_class=klass)
     assert result["engine_id"] == "adm"
@@ -125,7 +125,7 @@ def test_http_client_sets_the_class(moss, moss_server, noise_wav, klass):
 def test_http_default_when_the_client_sends_none(moss, moss_server, noise_wav):
     import httpx
 
-    engine, rec = moss
+    _engine, rec = moss
     rec.take()
     with httpx.stream("POST", f"{moss_server}/internal/transcribe", content=noise_wav.read_bytes(), timeout=60) as r:
         lines = list(r.iter_lines())
@@ -136,7 +136,7 @@ def test_http_default_when_the_client_sends_none(moss, moss_server, noise_wav):
 def test_server_refuses_an_unknown_class(moss, moss_server, noise_wav):
     import httpx
 
-    engine, rec = moss
+    _engine, rec = moss
     rec.take()
     from diarist.engine_wire import ADMISSION_CLASS_HEADER
 

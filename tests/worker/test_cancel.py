@@ -12,8 +12,8 @@ import time
 import pytest
 
 from diarist import jobs
-from tests.conftest import wav_bytes
 from diarist.models import Job
+from tests.conftest import wav_bytes
 from worker.cancel import CancelToken
 from worker.engine_client import JobFailure
 from worker.process import process_job

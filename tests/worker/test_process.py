@@ -7,8 +7,8 @@ import io
 import pytest
 
 from diarist import jobs
-from tests.conftest import wav_bytes
 from diarist.models import Job
+from tests.conftest import wav_bytes
 from worker.engine_client import HttpEngineClient, JobFailure
 from worker.process import process_job
 

@@ -98,8 +98,8 @@ def _wave(rel: str) -> np.ndarray:
     npy_dir = os.environ.get("DIARIST_AUDIO_NPY")
     if npy_dir and (Path(npy_dir) / (Path(rel).stem + ".npy")).is_file():
         return np.load(Path(npy_dir) / (Path(rel).stem + ".npy"))
-    from transcription.audio import decode_audio
     from tests.conftest import data_file
+    from transcription.audio import decode_audio
 
     return decode_audio(data_file(rel)).mono
 

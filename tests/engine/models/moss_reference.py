@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 AUDIO_ID = 151671
-TEXT = dict(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-            max_position_embeddings=8192, tie_word_embeddings=True)
-AUDIO = dict(d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128, num_mel_bins=80,
-             max_source_positions=1500)
+TEXT = {"vocab_size": 151_936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 8192, "tie_word_embeddings": True}
+AUDIO = {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128, "num_mel_bins": 80,
+             "max_source_positions": 1500}
 
 
 class Reference:

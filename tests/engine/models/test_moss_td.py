@@ -13,8 +13,8 @@ import torch
 from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders.moss_td import load_moss_td
 from engine.models.moss_td_prompt import build_prompt
-from transcription.moss_td_pipeline import build_moss_sequence
 from tests.engine.models.moss_reference import Reference, make_audio
+from transcription.moss_td_pipeline import build_moss_sequence
 
 pytest.importorskip("transformers")
 

@@ -13,9 +13,9 @@ from engine.tokenizer import TextTokenizer
 
 transformers = pytest.importorskip("transformers")
 
-TINY = dict(vocab_size=151_936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
-            max_position_embeddings=4096, tie_word_embeddings=True)
+TINY = {"vocab_size": 151_936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "tie_word_embeddings": True}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

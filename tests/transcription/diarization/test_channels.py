@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine import Sequence
+from tests.conftest import data_file
 from transcription.audio import decode_audio, log_mel_spectrogram
 from transcription.audio.vad import detect_speech
 from transcription.diarization import channel_turns, distinct_channels, label_channels
@@ -18,7 +19,6 @@ from transcription.whisper_decoding import (
     split_segments,
     whisper_prompt,
 )
-from tests.conftest import data_file
 
 STEREO = "en_stereo_2spk_overlap_fasterwhisper/stereo_diarization"
 

@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
+from tests.conftest import data_file
 from transcription.audio import decode_audio
 from transcription.audio.vad import detect_speech
 from transcription.diarization import diarize
-from tests.conftest import data_file
 
 metrics = pytest.importorskip("pyannote.metrics.diarization")
 core = pytest.importorskip("pyannote.core")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import data_file
 from transcription.audio import decode_audio
 from transcription.diarization import segmentation as seg
-from tests.conftest import data_file
 
 PHONE = "en_2spk_phonecall_pyannote_sample/sample"
 
