@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(VENV)/bin/diarist demo $(ARGS)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 serve: $(STAMP)
