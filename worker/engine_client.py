@@ -94,7 +94,7 @@ class HttpEngineClient:
 
     The audio is decoded here (PyAV, 16 kHz float32) and sent as samples (:class:`diarist.engine_wire.PcmFormat`):
     the engine process, whose loop thread drives the GPU, then spends no CPU on FFmpeg
-    (``benchmarks/results/service_h200.md``). Undecodable audio fails here with the decoder's code, before
+    (``benchmarks/results/service_gpu_h200.md``). Undecodable audio fails here with the decoder's code, before
     any engine call; the result's ``metrics.worker_decode_s`` is the decode time (seconds).
 
     The last line is ``{"type": "result", "result": {...}}`` or ``{"type": "error", "code", "message"}``.
