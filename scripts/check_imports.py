@@ -7,21 +7,22 @@ sees every import: module level, inside functions, under ``if TYPE_CHECKING:`` a
 ``a -> b`` is a module ``a`` that names module ``b``; ``from pkg import name`` points at
 ``pkg.name`` when that is a module of ours and at ``pkg`` (its ``__init__``) otherwise. Importing
 ``a.b.c`` also runs the inits of ``a`` and ``a.b``, so those are edges too, except the inits of the
-importer's own packages (already running when it runs): a package init that imports its own submodules is
-how Python packages are built, but ``api.metrics`` importing ``api.admin.engines`` runs ``api/admin/__init__``,
-and when that init imports ``api.metrics`` back, it is a circle even if the first import sits in a function.
+importer's own packages (already running when it runs): a package init that imports its own submodules
+is how Python packages are built, but ``api.metrics`` importing ``api.admin.engines`` runs
+``api/admin/__init__``, and when that init imports ``api.metrics`` back, it is a circle even if the first
+import sits in a function.
 
 Two rules, both reported with the offending ``file:line``:
 
-1. **No circles.** Every strongly connected component of more than one module (or a module that
-   imports itself) is a circle.
+1. **No circles.** Every strongly connected component of more than one module is a circle.
 2. **No upward arrows.** Each top-level package sits in a layer (``LAYERS``, bottom first) and may
    import only what is listed for it. The order (also in ``docs/architecture.md``), bottom first:
    ``engine`` (the inference core, imports nothing of ours); ``diarist`` (the shared core: settings,
    database, storage, transcript schema; of the engine only the torch-free ``engine.config``);
    ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``worker`` and ``api`` (the
    service processes; ``api`` may import ``worker``, never the reverse); ``cli`` (the composition root,
-   on everything); ``scripts``, ``benchmarks`` and ``tests`` are consumers nothing shipped imports.
+   on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
+   ``tests`` are consumers nothing shipped imports.
 
 Exit status 0 when the graph is clean, 1 otherwise. ``--graph`` also prints every package-level
 arrow with its count, for the record in ``docs/architecture.md``.
@@ -48,14 +49,16 @@ LAYERS: dict[str, frozenset[str]] = {
     "worker": frozenset({"engine", "diarist", "transcription"}),
     "api": frozenset({"engine", "diarist", "transcription", "worker"}),
     "cli": frozenset({"engine", "diarist", "transcription", "worker", "api"}),
+    "migrations": frozenset({"diarist"}),
     # consumers: nothing of the shipped packages imports them
     "scripts": frozenset({"engine", "diarist", "transcription", "worker", "api", "cli"}),
-    "benchmarks": frozenset({"engine", "diarist", "transcription", "worker", "api", "cli", "scripts", "tests"}),
-    "tests": frozenset({"engine", "diarist", "transcription", "worker", "api", "cli", "scripts", "benchmarks"}),
+    "benchmarks": frozenset({"engine", "diarist", "transcription", "worker", "api", "cli", "scripts",
+                             "tests"}),
+    "tests": frozenset({"engine", "diarist", "transcription", "worker", "api", "cli", "scripts",
+                        "benchmarks"}),
 }
 
-#: Folders skipped while walking (generated or not Python we ship: Alembic's versions import nothing of
-#: ours that matters for layering, but they are walked too; only caches and virtualenvs are skipped).
+#: Folders skipped while walking: caches and virtualenvs.
 _SKIP_DIRS = {"__pycache__", ".venv", ".git", "node_modules", ".ruff_cache", ".pytest_cache"}
 
 
