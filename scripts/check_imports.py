@@ -12,7 +12,8 @@ is how Python packages are built, but ``api.metrics`` importing ``api.admin.engi
 ``api/admin/__init__``, and when that init imports ``api.metrics`` back, it is a circle even if the first
 import sits in a function.
 
-Two rules, both reported with the offending ``file:line``:
+Two rules, both reported with the offending ``file:line`` (and a top-level package that has no layer yet
+is reported as ``unlayered``):
 
 1. **No circles.** Every strongly connected component of more than one module is a circle.
 2. **No upward arrows.** Each top-level package sits in a layer (``LAYERS``, bottom first) and may
@@ -20,7 +21,7 @@ Two rules, both reported with the offending ``file:line``:
    ``engine`` (the inference core, imports nothing of ours); ``diarist`` (the shared core: settings,
    database, storage, transcript schema; of the engine only the torch-free ``engine.config``);
    ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``worker`` and ``api`` (the
-   service processes; ``api`` may import ``worker``, never the reverse); ``cli`` (the composition root,
+   service processes, siblings: neither imports the other); ``cli`` (the composition root,
    on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
    ``tests`` are consumers nothing shipped imports.
 
@@ -47,7 +48,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "diarist": frozenset({"engine.config"}),
     "transcription": frozenset({"engine", "diarist"}),
     "worker": frozenset({"engine", "diarist", "transcription"}),
-    "api": frozenset({"engine", "diarist", "transcription", "worker"}),
+    # api and worker are siblings: neither imports the other (api reaches workers through the injected
+    # diarist.services.Dispatcher)
+    "api": frozenset({"engine", "diarist", "transcription"}),
     "cli": frozenset({"engine", "diarist", "transcription", "worker", "api"}),
     "migrations": frozenset({"diarist"}),
     # consumers: nothing of the shipped packages imports them
@@ -77,6 +80,13 @@ def _module_name(root: Path, path: Path) -> str:
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
+
+
+def unlayered(root: Path) -> list[str]:
+    """Top-level packages under ``root`` (folders with an ``__init__.py``) that ``LAYERS`` does not place:
+    a new package must be given its layer before the check can say what it may import."""
+    return sorted(p.parent.name for p in root.glob("*/__init__.py")
+                  if p.parent.name not in LAYERS and p.parent.name not in _SKIP_DIRS)
 
 
 def discover(root: Path) -> dict[str, Path]:
@@ -230,7 +240,9 @@ def report(root: Path, show_graph: bool = False) -> tuple[int, str]:
     for e in arrows:
         lines.append(f"upward: {e.path}:{e.line}: {e.src} -> {e.dst} "
                      f"({e.src.split('.')[0]} may not import {e.dst.split('.')[0]})")
-    problems = len(circles) + len(arrows)
+    missing = unlayered(root)
+    lines.extend(f"unlayered: {name}/ is a package with no layer in LAYERS" for name in missing)
+    problems = len(circles) + len(arrows) + len(missing)
     if show_graph:
         counts = Counter((e.src.split(".")[0], e.dst.split(".")[0]) for e in edges
                          if e.src.split(".")[0] != e.dst.split(".")[0])

@@ -49,6 +49,12 @@ def test_circles_are_found(tmp_path, case):
         assert line in text
 
 
+def test_a_package_without_a_layer_is_reported(tmp_path):
+    problems, text = _check(tmp_path, {"engine/__init__.py": "", "newpkg/__init__.py": "import engine\n"})
+    assert problems == 1
+    assert "unlayered: newpkg/ is a package with no layer in LAYERS" in text
+
+
 def test_package_init_importing_its_submodules_is_no_circle(tmp_path):
     problems, text = _check(tmp_path, {
         "engine/__init__.py": "",
@@ -64,6 +70,7 @@ def test_package_init_importing_its_submodules_is_no_circle(tmp_path):
     ("diarist/x.py", "import worker.tasks\n", "worker"),
     ("diarist/x.py", "from engine.engine import E\n", "engine"),  # only engine.config is allowed
     ("worker/x.py", "from api import app\n", "api"),
+    ("api/x.py", "import worker.tasks\n", "worker"),
     ("api/x.py", "from cli import main\n", "cli"),
     ("engine/x.py", "from tests import helpers\n", "tests"),
 ])
@@ -85,7 +92,7 @@ def test_allowed_arrows_pass(tmp_path):
         "diarist/__init__.py": "", "diarist/settings.py": "def f():\n    from engine.config import C\n",
         "transcription/__init__.py": "import engine\nimport diarist.settings\n",
         "worker/__init__.py": "from transcription import x\n",
-        "api/__init__.py": "import worker\n",
+        "api/__init__.py": "import transcription\n",
         "cli/__init__.py": "import api, worker, transcription, engine, diarist\n",
     })
     assert problems == 0, text
