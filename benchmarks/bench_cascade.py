@@ -10,7 +10,7 @@ agree with the CPU ones (share of 10 ms frames with the same speaker set after t
 
 Run on the GPU machine (no PyAV there: ``--npy-dir`` holds ``<stem>.npy`` 16 kHz float32 waveforms)::
 
-    python3 benchmarks/bench_cascade.py --npy-dir DIR --commit SHA --out results/cascade_h200.json
+    python3 benchmarks/bench_cascade.py --npy-dir DIR --commit SHA --out benchmarks/results/cascade_h200.json
 """
 
 from __future__ import annotations
