@@ -19,7 +19,8 @@ is reported as ``unlayered``):
 2. **No upward arrows.** Each top-level package sits in a layer (``LAYERS``, bottom first) and may
    import only what is listed for it. The order (also in ``docs/architecture.md``), bottom first:
    ``engine`` (the inference core, imports nothing of ours); ``diarist`` (the shared core: settings,
-   database, storage, transcript schema; of the engine only the torch-free ``engine.config``);
+   database, storage, transcript schema; of the engine only the torch-free ``engine.config`` and
+   ``engine.checkpoints``);
    ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``worker`` and ``api`` (the
    service processes, siblings: neither imports the other); ``cli`` (the composition root,
    on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
@@ -44,8 +45,9 @@ from pathlib import Path
 #: dotted module name allows that module (and the package inits above it). Bottom layers first.
 LAYERS: dict[str, frozenset[str]] = {
     "engine": frozenset(),
-    # the service's settings build an EngineConfig; engine.config is torch-free by contract (its docstring)
-    "diarist": frozenset({"engine.config"}),
+    # the service's settings build an EngineConfig and name packaged checkpoints and their languages; both
+    # modules are torch-free by contract (their docstrings)
+    "diarist": frozenset({"engine.config", "engine.checkpoints"}),
     "transcription": frozenset({"engine", "diarist"}),
     "worker": frozenset({"engine", "diarist", "transcription"}),
     # api and worker are siblings: neither imports the other (api reaches workers through the injected
