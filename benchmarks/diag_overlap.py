@@ -9,7 +9,7 @@ reference speakers talk, no collar there: the collar would remove most of those 
 seconds of hypothesis overlap. Then the speaker-count hints: for ``N`` in 1..reference count + 1 the
 speakers found with ``num_speakers=N``, ``min_speakers=N`` and ``max_speakers=N``.
 
-Run from the repo root: PYTHONPATH=. python benchmarks/diag_overlap.py ../shared/data OUT.json
+Run from the repo root: PYTHONPATH=. python benchmarks/diag_overlap.py $DIARIST_TEST_DATA OUT.json
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ reference built from the parts (the phone call from its RTTM, every other part o
 cascade's own speech regions inside it, so only speaker errors count): confusion seconds and DER. Then
 the labels found with ``num_speakers`` 5-8, ``min_speakers=8`` and ``max_speakers=5``.
 
-Run from the repo root: PYTHONPATH=. python benchmarks/diag_speaker_mix.py ../shared/data OUT.json
+Run from the repo root: PYTHONPATH=. python benchmarks/diag_speaker_mix.py $DIARIST_TEST_DATA OUT.json
 """
 from __future__ import annotations
 
