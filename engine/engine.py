@@ -82,6 +82,9 @@ class Engine:
             self._capture_graphs()
         log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
                  ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
+        if self.random_weights:
+            log.warning("engine runs RANDOM weights (load_format=dummy): every transcript is noise; "
+                        "load a checkpoint for real output")
         # Steps run on a stream of the highest priority: when decode and encoder kernels are both queued, the
         # block scheduler dispatches the decode's first, so the encoder fills the SMs a latency-bound decode
         # step leaves idle instead of delaying it (the encoder stream keeps the default, lowest priority).
@@ -162,6 +165,11 @@ class Engine:
         self.kv = KVPool(layers, int(slots), kv_heads, head_dim, self.dtype, self.device)
         self.allocator = SlotAllocator(int(slots))
         self.table = ReqToTokenTable(self.max_reqs, self.max_context, self.device)
+
+    @property
+    def random_weights(self) -> bool:
+        """True when the weights are random (``load_format="dummy"``): transcripts are noise."""
+        return bool(self.loaded.info.get("random_weights"))
 
     def kv_tokens_needed(self, seq: Sequence) -> int:
         """KV tokens the sequence would reserve (prompt + output budget), known before admission."""
@@ -365,6 +373,7 @@ class Engine:
         used = total - self.allocator.num_free
         return {
             "model": self.loaded.info.get("name"),
+            "random_weights": self.random_weights,
             "device": str(self.device),
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize() + self.encoder.num_pending,

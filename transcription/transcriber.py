@@ -179,6 +179,8 @@ class Transcriber:
         result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
+        if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
+            result["random_weights"] = True
         _mark_completeness(result)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})

@@ -27,6 +27,10 @@ from engine.tokenizer import TextTokenizer
 
 ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "qwen3" / "moss_td_tokenizer.json"
 EOS_ID = 151645
+NO_CHECKPOINT = (
+    "moss-td needs its checkpoint: pass --model-path DIR (DIARIST_MODEL_PATH) with the released Hugging Face "
+    "folder; random weights only with an explicit --load-format dummy (DIARIST_LOAD_FORMAT=dummy), whose "
+    "transcripts are noise")
 
 # A tiny MOSS-TD for CPU runs of ``--load-format dummy`` (CI, smoke tests): real vocabulary, tokenizer,
 # prompt and audio path; 2 encoder layers of d 64, 2 decoder layers of hidden 64 (10 M parameters).
@@ -106,15 +110,19 @@ def _eos_ids(path: Path | None) -> tuple[int, ...]:
 def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     """Build MOSS-TD on ``cfg.device`` in ``cfg.dtype`` (``device="meta"`` builds shapes only).
 
+    ``load_format`` ``"auto"`` means ``"hf"``: random weights come only from an explicit ``"dummy"``
+    (``info["random_weights"]`` then says so).
+
     Raises:
-        CheckpointError: missing config/weights, wrong names or shapes. ValueError: unknown format.
+        CheckpointError: no ``model_path`` (and not ``"dummy"``), missing config/weights, wrong names or
+            shapes. ValueError: unknown format.
     """
     path = Path(cfg.model_path) if cfg.model_path else None
-    fmt = cfg.load_format
-    if fmt == "auto":
-        fmt = "hf" if path is not None else "dummy"
+    fmt = "hf" if cfg.load_format == "auto" else cfg.load_format
     if fmt == "hf":
-        if path is None or not (path / "config.json").is_file():
+        if path is None:  # never fall back to random weights silently: their transcripts are noise
+            raise CheckpointError(NO_CHECKPOINT)
+        if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (MOSS-TD needs a local Hugging Face directory)")
         conf = json.loads((path / "config.json").read_text())
     elif fmt == "dummy":
@@ -141,7 +149,8 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         tok_file = path / "tokenizer.json"
     info = {
         "family": "moss-td", "path": str(path) if path else None, "format": fmt, "config": conf,
-        "name": path.name if path is not None else "moss-td-dummy",
+        "name": path.name if path is not None and fmt != "dummy" else "moss-td-dummy",
+        "random_weights": fmt == "dummy",
         "marker_every_s": read_marker_interval(path),
         "eos_token_ids": _eos_ids(path),
         "audio_token_id": mcfg.audio_token_id,
