@@ -95,6 +95,7 @@ class Transcript(BaseModel):
     MOSS-TD does, or for multichannel jobs). RTTM export and DER use the turns when present.
     ``speakers`` lists the segments' speakers first, then any speaker that has turns but no words.
     ``random_weights``: the engine ran random (``load_format=dummy``) weights, so the text is noise.
+    ``marker_interval_s``: the MOSS-TD time-marker interval (seconds) its prompt used; ``None`` for Whisper.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -115,6 +116,7 @@ class Transcript(BaseModel):
     speaker_names: dict[str, str] | None = None
     turns: list[SpeakerTurn] | None = None
     random_weights: bool = False
+    marker_interval_s: float | None = None
 
     @property
     def text(self) -> str:
@@ -214,6 +216,7 @@ class Transcript(BaseModel):
             finish_reason=finish, coverage=coverage, no_speech=no_speech,
             incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None, turns=turns,
             random_weights=bool(result.get("random_weights")),
+            marker_interval_s=_finite(result.get("marker_interval_s")),
         )
 
 

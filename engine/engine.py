@@ -374,6 +374,9 @@ class Engine:
         return {
             "model": self.loaded.info.get("name"),
             "random_weights": self.random_weights,
+            **({"marker_interval_s": self.loaded.info["marker_every_s"],
+                "marker_interval_source": self.loaded.info.get("marker_source")}
+               if "marker_every_s" in self.loaded.info else {}),
             "device": str(self.device),
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize() + self.encoder.num_pending,

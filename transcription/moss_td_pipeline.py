@@ -93,7 +93,8 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
         raise RequestRejected("too_short", "the audio has no samples")
     duration = wave.size / SAMPLE_RATE
     info = engine.loaded.info
-    p = build_prompt(engine.tokenizer, int(wave.size), prompt, info.get("marker_every_s", 2))
+    marker = info["marker_every_s"]  # the loader always states it (and where it came from)
+    p = build_prompt(engine.tokenizer, int(wave.size), prompt, marker)
     left = engine.max_context - len(p.ids)
     if left < MIN_OUTPUT_TOKENS:
         per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
@@ -117,7 +118,8 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
                     stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),
                     mm_inputs={"audio": torch.from_numpy(wave)}, stop_checker=guard,
-                    mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio})
+                    mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio,
+                              "marker_interval_s": marker})
 
 
 def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:

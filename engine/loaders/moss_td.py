@@ -14,6 +14,7 @@ dict (``text_config``/``audio_config`` overrides, plus ``init_std``), the tokeni
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -22,8 +23,10 @@ from engine.config import EngineConfig
 from engine.loaders.ct2 import CheckpointError
 from engine.loaders.registry import LoadedModel, _dtype
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
-from engine.models.moss_td_prompt import read_marker_interval
+from engine.models.moss_td_prompt import DEFAULT_MARKER_EVERY_S, read_marker_interval
 from engine.tokenizer import TextTokenizer
+
+log = logging.getLogger("diarist.engine")
 
 ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "qwen3" / "moss_td_tokenizer.json"
 EOS_ID = 151645
@@ -107,6 +110,33 @@ def _eos_ids(path: Path | None) -> tuple[int, ...]:
     return (EOS_ID,)
 
 
+def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int, str]:
+    """The time-marker interval (seconds) and where it came from: ``setting`` (``EngineConfig.
+    marker_interval_s`` / ``DIARIST_MOSS_MARKER_INTERVAL_S``) wins, else the folder's processor config,
+    else the processor code's default (:data:`DEFAULT_MARKER_EVERY_S`), with a warning: a model trained
+    with another interval reads every timestamp wrong, and nothing else would show it.
+
+    Raises:
+        CheckpointError: a negative ``setting``.
+    """
+    stated = read_marker_interval(path)
+    if setting is not None:
+        if int(setting) < 0:
+            raise CheckpointError(f"marker interval must be >= 0 seconds (0: no markers), not {setting}")
+        if stated is not None and stated[0] != int(setting):
+            log.warning("MOSS-TD time markers every %d s (the setting), although %s in %s says %d s",
+                        int(setting), stated[1], path, stated[0])
+        return int(setting), "setting"
+    if stated is not None:
+        return stated
+    if path is not None:  # (random weights have no trained interval to get wrong)
+        log.warning("MOSS-TD: %s has no processor_config.json stating time_marker_every_seconds; using the "
+                    "processor code's default of %d s. The released checkpoint states its own (docs/moss_td.md): "
+                    "put the file in the folder or set DIARIST_MOSS_MARKER_INTERVAL_S", path,
+                    DEFAULT_MARKER_EVERY_S)
+    return DEFAULT_MARKER_EVERY_S, "default"
+
+
 def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     """Build MOSS-TD on ``cfg.device`` in ``cfg.dtype`` (``device="meta"`` builds shapes only).
 
@@ -130,6 +160,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     else:
         raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
     mcfg = MossTDConfig.from_dict(conf)
+    marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
     device = torch.device(cfg.device)
     with torch.device("meta"):
         model = MossTDForConditionalGeneration(mcfg)
@@ -151,7 +182,8 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         "family": "moss-td", "path": str(path) if path else None, "format": fmt, "config": conf,
         "name": path.name if path is not None and fmt != "dummy" else "moss-td-dummy",
         "random_weights": fmt == "dummy",
-        "marker_every_s": read_marker_interval(path),
+        "marker_every_s": marker,
+        "marker_source": marker_source,
         "eos_token_ids": _eos_ids(path),
         "audio_token_id": mcfg.audio_token_id,
     }

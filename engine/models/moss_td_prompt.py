@@ -113,13 +113,15 @@ def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
     return MossPrompt(ids=ids, num_audio=n, window_tokens=counts)
 
 
-def read_marker_interval(model_dir: str | Path | None) -> int:
-    """Time-marker interval (seconds) from the checkpoint's ``processor_config.json`` or
-    ``preprocessor_config.json`` (key ``time_marker_every_seconds``, top level or one level down);
-    0 when ``enable_time_marker`` is false; :data:`DEFAULT_MARKER_EVERY_S` (the processor code's default)
-    when absent."""
+def read_marker_interval(model_dir: str | Path | None) -> tuple[int, str] | None:
+    """Time-marker interval (seconds) the checkpoint folder states, with the file that states it, or
+    ``None`` when no file does (then the caller decides, loudly: :func:`engine.loaders.moss_td.load_moss_td`).
+
+    Read from ``processor_config.json`` or ``preprocessor_config.json`` (key ``time_marker_every_seconds``,
+    top level or one level down); ``enable_time_marker: false`` gives 0 (no markers).
+    """
     if model_dir is None:
-        return DEFAULT_MARKER_EVERY_S
+        return None
     for name in ("processor_config.json", "preprocessor_config.json"):
         p = Path(model_dir) / name
         if not p.is_file():
@@ -127,7 +129,7 @@ def read_marker_interval(model_dir: str | Path | None) -> int:
         data = json.loads(p.read_text())
         for d in [data, *(v for v in data.values() if isinstance(v, dict))]:
             if d.get("enable_time_marker") is False:
-                return 0
+                return 0, name
             if "time_marker_every_seconds" in d:
-                return int(d["time_marker_every_seconds"])
-    return DEFAULT_MARKER_EVERY_S
+                return int(d["time_marker_every_seconds"]), name
+    return None
