@@ -71,6 +71,7 @@ class Engine:
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
         self._build_cache()
+        self._install_logits_rules()
         tuning = ({"large_tile_min_extend": cfg.extend_large_tile_min_tokens,
                    "single_split_per_sm": cfg.decode_single_split_programs_per_sm}
                   if cfg.attention_backend == "triton" else {})
@@ -108,6 +109,17 @@ class Engine:
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def _install_logits_rules(self) -> None:
+        """Give the model the checkpoint's greedy rules (``info["greedy_rules"]``: repetition penalty,
+        suppressed ids) when they change logits; before graph capture, so the graphs contain them."""
+        rules = self.loaded.info.get("greedy_rules")
+        if rules is None or not rules.changes_logits or not hasattr(self.model, "logits_rules"):
+            return
+        from engine.logits_rules import GreedyLogitsRules
+
+        vocab = self.model.lm_head.weight.shape[0]
+        self.model.logits_rules = GreedyLogitsRules(rules, self.max_reqs + 1, vocab, self.device)
 
     def _capture_graphs(self) -> None:
         """Capture decode, then prefill CUDA graphs. A capture that fails leaves those steps eager, loudly:
@@ -374,6 +386,8 @@ class Engine:
         return {
             "model": self.loaded.info.get("name"),
             "random_weights": self.random_weights,
+            **({"generation": self.loaded.info["greedy_rules"].describe()}
+               if self.loaded.info.get("greedy_rules") is not None else {}),
             **({"marker_interval_s": self.loaded.info["marker_every_s"],
                 "marker_interval_source": self.loaded.info.get("marker_source")}
                if "marker_every_s" in self.loaded.info else {}),

@@ -7,7 +7,7 @@ Usage (the engine must be loaded with ``EngineConfig(model="moss-td", ...)``)::
     result = moss_result(seq, engine.tokenizer, duration=len(wave) / 16000)
 
 Budget (``shared/docs/moss_td.md`` §4, sglang-omni #1034): unless the request sets ``max_new_tokens``,
-``max(512, ceil(10 * audio seconds))``; either way clamped to the context left after the prompt.
+:func:`default_budget`; either way clamped to the context left after the prompt.
 """
 
 from __future__ import annotations
@@ -26,9 +26,14 @@ MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a usef
 GiB = 1 << 30
 
 
-def default_budget(duration_s: float) -> int:
-    """Output tokens allowed when the request sets none: ``max(512, ceil(10 * duration_s))``."""
-    return max(512, math.ceil(10.0 * duration_s))
+def default_budget(duration_s: float, checkpoint_default: int | None = None) -> int:
+    """Output tokens allowed when the request sets none: ``max(min(D, 512), ceil(10 * duration_s))`` with ``D``
+    the checkpoint's ``generation_config.json`` ``max_new_tokens`` (sglang-omni #1034; 512 when unstated).
+
+    The official ``generate`` would stop every recording at ``D`` itself (5120 in the released checkpoint,
+    about 19 minutes of a dense meeting: OpenMOSS#26), so ``D`` only lowers the floor for short clips."""
+    floor = 512 if checkpoint_default is None else min(int(checkpoint_default), 512)
+    return max(floor, math.ceil(10.0 * duration_s))
 
 
 class TimestampProgress:
@@ -103,7 +108,13 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
             "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with "
                         f"at least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token "
                         f"context (about {fit_min:.0f} min of audio fit)")
-    budget = default_budget(duration) if max_new_tokens is None else int(max_new_tokens)
+    rules = info.get("greedy_rules")
+    if max_new_tokens is None:
+        budget = default_budget(duration, rules.max_new_tokens if rules is not None else None)
+    else:
+        budget = int(max_new_tokens)
+    if rules is not None and rules.max_length is not None:  # HF max_length counts prompt + output tokens
+        left = min(left, rules.max_length - len(p.ids))
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget
     slots = engine.allocator.num_slots

@@ -2,7 +2,8 @@
 
 HF directory: ``config.json`` (``text_config``, ``audio_config``, ``audio_token_id``, ...), weights in
 ``*.safetensors`` (one file, or shards listed by ``model.safetensors.index.json``), ``tokenizer.json``,
-optionally ``generation_config.json`` (EOS ids) and ``processor_config.json`` /
+optionally ``generation_config.json`` (EOS ids, repetition penalty, suppressed ids, output budget:
+:mod:`engine.generation_config`; fields we do not implement are refused) and ``processor_config.json`` /
 ``preprocessor_config.json`` (time-marker interval). Parameter names must be exactly the model's
 (683 tensors for the released checkpoint; ``lm_head.weight`` may be absent when tied).
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
+from engine.generation_config import read_generation_config
 from engine.loaders.ct2 import CheckpointError
 from engine.loaders.registry import LoadedModel, _dtype
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
@@ -102,14 +104,6 @@ def _init_random(model: MossTDForConditionalGeneration, seed: int, std: float, d
                 p.normal_(0.0, std, generator=g)
 
 
-def _eos_ids(path: Path | None) -> tuple[int, ...]:
-    gen = path / "generation_config.json" if path else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id", EOS_ID)
-        return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    return (EOS_ID,)
-
-
 def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int, str]:
     """The time-marker interval (seconds) and where it came from: ``setting`` (``EngineConfig.
     marker_interval_s`` / ``DIARIST_MOSS_MARKER_INTERVAL_S``) wins, else the folder's processor config,
@@ -161,6 +155,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
     mcfg = MossTDConfig.from_dict(conf)
     marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
+    rules = read_generation_config(path, (EOS_ID,))  # before the weights: a refused field fails fast
     device = torch.device(cfg.device)
     with torch.device("meta"):
         model = MossTDForConditionalGeneration(mcfg)
@@ -184,7 +179,8 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         "random_weights": fmt == "dummy",
         "marker_every_s": marker,
         "marker_source": marker_source,
-        "eos_token_ids": _eos_ids(path),
+        "eos_token_ids": rules.eos_token_ids,
+        "greedy_rules": rules,
         "audio_token_id": mcfg.audio_token_id,
     }
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_file), info=info)

@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from diarist.transcript import Transcript
-from engine import Engine, EngineConfig
+from engine import Engine, EngineConfig, ModelUnavailable
 from engine.loaders import CheckpointError
 from engine.models.moss_td_prompt import build_prompt
 from tests.engine.models.moss_reference import Reference, make_audio
@@ -81,3 +81,90 @@ def test_the_setting_reaches_the_engine_config(monkeypatch):
     assert Settings(_env_file=None).engine_config(model="moss-td").marker_interval_s == 5
     monkeypatch.delenv("DIARIST_MOSS_MARKER_INTERVAL_S")
     assert Settings(_env_file=None).engine_config(model="moss-td").marker_interval_s is None
+
+
+# -- item 2: generation_config.json -------------------------------------------------------------------------
+N_PENALTY = 40  # tokens compared; the 1.05 penalty changes this checkpoint's greedy output from token 7 on
+
+
+@pytest.fixture(scope="module")
+def penalized(reference, tmp_path_factory):
+    """The released folder's generation config shape: sampling fields (the official path forces greedy),
+    the 5120-token budget, EOS, and a repetition penalty of 1.05."""
+    path = reference.write_checkpoint(tmp_path_factory.mktemp("pen") / "ckpt", shards=1, marker_every_s=5)
+    (path / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "max_new_tokens": 5120,
+        "eos_token_id": 151645, "pad_token_id": 151643, "repetition_penalty": 1.05,
+        "transformers_version": "4.57.1"}))
+    return path
+
+
+def _official_greedy(reference, path, prompt_ids, wave, n):
+    """Hugging Face ``generate`` as OpenMOSS ``generate_transcription`` calls it: the folder's generation
+    config with ``do_sample=False``; prompt ids and audio embeddings as the released model fuses them."""
+    import torch
+    from transformers import GenerationConfig
+
+    from tests.engine.models.moss_reference import AUDIO_ID
+
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        emb = reference.lm.get_input_embeddings()(ids)
+        emb = emb.masked_scatter((ids == AUDIO_ID)[..., None].expand_as(emb),
+                                 reference.audio_embeddings(wave).to(emb.dtype))
+        gc = GenerationConfig.from_pretrained(path)
+        gc.do_sample, gc.max_new_tokens, gc.eos_token_id = False, n, None  # a fixed number of steps
+        out = reference.lm.generate(input_ids=ids, inputs_embeds=emb, attention_mask=torch.ones_like(ids),
+                                    generation_config=gc)
+    return out[0, -n:].tolist()
+
+
+def _fixed(engine, wave, n):
+    seq = build_moss_sequence(engine, wave, max_new_tokens=n)
+    seq.stop_token_ids, seq.stop_checker = (), None
+    return seq
+
+
+def test_repetition_penalty_equals_the_official_generate(reference, penalized):
+    eng = engine_for(penalized, chunk_size=64)  # the penalty's history spans prefill chunks
+    assert eng.stats()["generation"]["repetition_penalty"] == 1.05
+    waves = [make_audio(30, 1), make_audio(45, 2)]
+    seqs = [_fixed(eng, w, N_PENALTY) for w in waves]
+    for s in seqs:  # batched, prompts chunked: each row keeps its own history
+        eng.submit(s)
+    eng.run_until_done(seqs)
+    for seq, wave in zip(seqs, waves, strict=True):
+        official = _official_greedy(reference, penalized, seq.prompt_ids, wave, N_PENALTY)
+        assert seq.output_ids == official
+        plain, _ = reference.greedy(seq.prompt_ids, wave, N_PENALTY)
+        assert plain != official  # the penalty matters here, so the equality above has power
+    again = _fixed(eng, waves[0], N_PENALTY)  # a reused row starts with no history
+    eng.generate([again])
+    assert again.output_ids == seqs[0].output_ids
+
+
+def test_checkpoint_max_new_tokens_lowers_only_the_short_clip_floor(penalized, reference, tmp_path):
+    eng = engine_for(penalized)
+    assert build_moss_sequence(eng, make_audio(6, 1)).max_new_tokens == 512  # min(5120, 512) vs 60
+    path = reference.write_checkpoint(tmp_path / "small", shards=1, marker_every_s=5)
+    (path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 100}))
+    small = engine_for(path)
+    assert build_moss_sequence(small, make_audio(6, 1)).max_new_tokens == 100
+    assert build_moss_sequence(small, make_audio(30, 1)).max_new_tokens == 300  # 10 tokens per second
+    assert build_moss_sequence(small, make_audio(6, 1), max_new_tokens=7).max_new_tokens == 7
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
+    ({"num_beams": 4}, "num_beams=4"),
+    ({"min_new_tokens": 10}, "min_new_tokens=10"),
+    ({"bad_words_ids": [[11, 12]]}, "only single-token entries"),
+    ({"my_new_knob": 1}, "my_new_knob=1 (unknown field)"),
+    ({"repetition_penalty": 0}, "positive number"),
+])
+def test_unsupported_generation_fields_are_refused_at_load(reference, tmp_path, fields, named):
+    path = reference.write_checkpoint(tmp_path / "bad", shards=1, marker_every_s=5)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645, **fields}))
+    with pytest.raises(ModelUnavailable, match="generation_config.json") as e:
+        engine_for(path)
+    assert named in str(e.value)
