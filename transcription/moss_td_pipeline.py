@@ -104,10 +104,13 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     if left < MIN_OUTPUT_TOKENS:
         per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
         fit_min = (engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60
+        model_ctx = engine.model.max_context
+        why = (f"this engine's max_context; the model allows {model_ctx}" if engine.max_context < model_ctx
+               else "the official processor's limit")
         raise RequestRejected(
             "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with "
                         f"at least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token "
-                        f"context (about {fit_min:.0f} min of audio fit)")
+                        f"context ({why}; about {fit_min:.0f} min of audio fit)")
     rules = info.get("greedy_rules")
     if max_new_tokens is None:
         budget = default_budget(duration, rules.max_new_tokens if rules is not None else None)

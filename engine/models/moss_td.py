@@ -27,6 +27,11 @@ from engine.models.whisper import WhisperConfig, WhisperEncoder
 from engine.ops.linear import UsesLinearKernels, linear
 
 AUDIO_TOKEN_ID = 151671
+OFFICIAL_CONTEXT = 131_072
+"""Positions the official code allows: the processor's ``max_length`` (OpenMOSS ``prepare_inputs``) refuses
+longer prompts, and nothing else bounds them (1-D RoPE has no position table, so a config's smaller
+``max_position_embeddings``, e.g. the code default 40,960, limits nothing there). Our KV table is sized to it
+and it bounds prompt + output here (the official ``generate`` could decode past it)."""
 
 
 def whisper_medium_encoder_config() -> WhisperConfig:
@@ -205,7 +210,8 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
 
     @property
     def max_context(self) -> int:
-        return self.config.text.max_position_embeddings
+        """:data:`OFFICIAL_CONTEXT` (131,072), whatever the config's ``max_position_embeddings`` says."""
+        return OFFICIAL_CONTEXT
 
     def fuse_projections(self) -> None:
         """Pack the decoder's q/k/v and gate/up weights (:meth:`Qwen3Model.fuse_projections`) and the audio

@@ -35,8 +35,8 @@ def bare(reference, tmp_path_factory):
 
 
 def engine_for(path, **kw) -> Engine:
-    return Engine(EngineConfig(model="moss-td", model_path=str(path), load_format="hf", kv_budget_bytes=32 << 20,
-                               max_running_requests=4, **kw))
+    return Engine(EngineConfig(**{"model": "moss-td", "model_path": str(path), "load_format": "hf",
+                                  "kv_budget_bytes": 32 << 20, "max_running_requests": 4, **kw}))
 
 
 class Opts:
@@ -168,3 +168,26 @@ def test_unsupported_generation_fields_are_refused_at_load(reference, tmp_path, 
     with pytest.raises(ModelUnavailable, match="generation_config.json") as e:
         engine_for(path)
     assert named in str(e.value)
+
+
+# -- item 3: the context --------------------------------------------------------------------------------------
+def test_context_is_the_official_limit_whatever_the_config_says(bare):
+    import numpy as np
+
+    from engine.request import RequestRejected
+
+    conf = json.loads((bare / "config.json").read_text())
+    assert conf["text_config"]["max_position_embeddings"] == 8192  # this folder's config says less
+    eng = engine_for(bare, kv_budget_bytes=16 << 20)
+    assert eng.max_context == 131_072
+    eleven_min = np.zeros(11 * 60 * 16_000, dtype=np.float32)
+    assert len(build_moss_sequence(eng, eleven_min, max_new_tokens=8).prompt_ids) > 8192  # accepted
+    with pytest.raises(RequestRejected) as e:
+        build_moss_sequence(eng, np.zeros(160 * 60 * 16_000, dtype=np.float32))  # pages never touched
+    msg = e.value.message
+    assert e.value.code == "too_long" and "prompt of 138734 tokens" in msg and "131072-token context" in msg
+    assert "official processor's limit" in msg
+    short = engine_for(bare, kv_budget_bytes=2 << 20, max_context=4096)
+    with pytest.raises(RequestRejected, match="4096-token context .this engine's max_context; the model allows "
+                                              "131072"):
+        build_moss_sequence(short, eleven_min)
