@@ -388,6 +388,8 @@ class Engine:
             "random_weights": self.random_weights,
             **({"generation": self.loaded.info["greedy_rules"].describe()}
                if self.loaded.info.get("greedy_rules") is not None else {}),
+            **({"chat_template": getattr(self.loaded.info["chat_template"], "source", None) or "built-in"}
+               if "chat_template" in self.loaded.info else {}),
             **({"marker_interval_s": self.loaded.info["marker_every_s"],
                 "marker_interval_source": self.loaded.info.get("marker_source")}
                if "marker_every_s" in self.loaded.info else {}),

@@ -99,7 +99,7 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     duration = wave.size / SAMPLE_RATE
     info = engine.loaded.info
     marker = info["marker_every_s"]  # the loader always states it (and where it came from)
-    p = build_prompt(engine.tokenizer, int(wave.size), prompt, marker)
+    p = build_prompt(engine.tokenizer, int(wave.size), prompt, marker, info.get("chat_template"))
     left = engine.max_context - len(p.ids)
     if left < MIN_OUTPUT_TOKENS:
         per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)

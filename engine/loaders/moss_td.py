@@ -25,7 +25,7 @@ from engine.generation_config import read_generation_config
 from engine.loaders.ct2 import CheckpointError
 from engine.loaders.registry import LoadedModel, _dtype
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
-from engine.models.moss_td_prompt import DEFAULT_MARKER_EVERY_S, read_marker_interval
+from engine.models.moss_td_prompt import DEFAULT_MARKER_EVERY_S, read_chat_template, read_marker_interval
 from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger("diarist.engine")
@@ -156,6 +156,10 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     mcfg = MossTDConfig.from_dict(conf)
     marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
     rules = read_generation_config(path, (EOS_ID,))  # before the weights: a refused field fails fast
+    try:
+        template = read_chat_template(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     device = torch.device(cfg.device)
     with torch.device("meta"):
         model = MossTDForConditionalGeneration(mcfg)
@@ -181,6 +185,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         "marker_source": marker_source,
         "eos_token_ids": rules.eos_token_ids,
         "greedy_rules": rules,
+        "chat_template": template,  # None: the built-in format (engine.models.moss_td_prompt.render_chat)
         "audio_token_id": mcfg.audio_token_id,
     }
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_file), info=info)

@@ -14,7 +14,7 @@ import pytest
 from diarist.transcript import Transcript
 from engine import Engine, EngineConfig, ModelUnavailable
 from engine.loaders import CheckpointError
-from engine.models.moss_td_prompt import build_prompt
+from engine.models.moss_td_prompt import audio_span_ids, build_prompt
 from tests.engine.models.moss_reference import Reference, make_audio
 from transcription.moss_td_pipeline import build_moss_sequence
 from transcription.moss_transcribe import transcribe_moss
@@ -191,3 +191,59 @@ def test_context_is_the_official_limit_whatever_the_config_says(bare):
     with pytest.raises(RequestRejected, match="4096-token context .this engine's max_context; the model allows "
                                               "131072"):
         build_moss_sequence(short, eleven_min)
+
+
+# -- item 5: the chat template --------------------------------------------------------------------------------
+# A Qwen-style template (default system turn, content parts) that renders the released format.
+QWEN_STYLE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n' + (system_prompt | default('You are a helpful assistant.')) + '<|im_end|>\\n' }}"
+    "{% endif %}{{ '<|im_start|>' + message['role'] + '\\n' }}{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' %}{{ '<|audio_start|><|audio_pad|><|audio_end|>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{{ '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _hf_render(template: str, instruction: str) -> str:
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"}, {"type": "text", "text": instruction}]}]
+    out = render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=True)
+    return out[0][0] if isinstance(out, tuple) else out[0]
+
+
+@pytest.mark.parametrize("where", ["chat_template.jinja", "tokenizer_config.json"])
+def test_chat_template_from_the_folder(reference, tmp_path, where):
+    path = reference.write_checkpoint(tmp_path / "tpl", shards=1, marker_every_s=5)
+    builtin = build_prompt(engine_for(path).tokenizer, 30 * 16_000, "Transcribe.", 5).ids
+    template = QWEN_STYLE.replace("You are a helpful assistant.", "You transcribe meetings.")
+    if where == "chat_template.jinja":
+        (path / where).write_text(template)
+    else:
+        (path / where).write_text(json.dumps({"chat_template": template, "model_max_length": 131072}))
+    eng = engine_for(path)
+    assert eng.stats()["chat_template"] == where
+    wave = make_audio(30, 1)
+    seq = build_moss_sequence(eng, wave, prompt="Transcribe.")
+    before, after = (eng.tokenizer.encode(t) for t in _hf_render(template, "Transcribe.").split("<|audio_pad|>"))
+    span = audio_span_ids(seq.mm_state["num_audio_tokens"], 151671, list(range(15, 25)), 5)
+    assert seq.prompt_ids == before + span + after  # the folder's template, rendered as transformers renders it
+    assert seq.prompt_ids != builtin
+    (path / where).unlink()
+    (path / "chat_template.jinja").write_text(QWEN_STYLE)  # the released format as a template: same ids
+    assert build_moss_sequence(engine_for(path), wave, prompt="Transcribe.").prompt_ids == builtin
+
+
+def test_without_a_template_the_built_in_format_is_used(bare):
+    assert engine_for(bare).stats()["chat_template"] == "built-in"
+
+
+def test_a_template_without_one_audio_placeholder_is_refused(reference, tmp_path):
+    path = reference.write_checkpoint(tmp_path / "tpl0", shards=1, marker_every_s=5)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
+    with pytest.raises(CheckpointError, match="renders 0 <.audio_pad.> placeholders"):
+        engine_for(path)
+    (path / "chat_template.jinja").write_text("{% for m in messages %}")
+    with pytest.raises(CheckpointError, match="does not compile"):
+        engine_for(path)
