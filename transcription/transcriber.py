@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
+from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from engine.engine import Engine
 from transcription.whisper_decoding import (
@@ -114,6 +114,8 @@ class Transcriber:
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
                              f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
+        # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
+        self.frontend = Frontend.FFMPEG if self.family == "whisper" else Frontend.LIBROSA
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -158,7 +160,7 @@ class Transcriber:
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
                 source, samples=source.samples.mean(axis=0, keepdims=True))
         else:
-            audio = decode_audio(source, mono=not opts.multichannel)
+            audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
