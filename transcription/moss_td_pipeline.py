@@ -143,18 +143,20 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
     ``duration``), ``text`` (the decoded output, special tokens skipped, stripped), ``finish_reason``
     (``stop``/``length``/``repetition``/``abort``/``error``), ``coverage`` (last segment end, or start when
     it has no end, over ``duration``; 0 when nothing parsed), ``repetition`` (the guard's reason or
-    ``None``), ``prompt_tokens`` and ``output_tokens``. After a repetition stop the repeated tail is cut
+    ``None``), ``prompt_tokens``, ``output_tokens`` and ``parse_issues`` (what was malformed in the output:
+    :class:`transcription.moss_td_parser.MossParse`). After a repetition stop the repeated tail is cut
     to its first copy.
     """
-    from transcription.moss_td_parser import parse_moss_td
+    from transcription.moss_td_parser import parse_moss_td_report
 
     ids = list(seq.output_ids)
     guard = seq.stop_checker if isinstance(seq.stop_checker, RepetitionGuard) else None
     if guard is not None and seq.finish_reason is not None and seq.finish_reason.value == "repetition":
         ids = guard.kept_output(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+    parsed = parse_moss_td_report(text)
     segments = []
-    for s in parse_moss_td(text):
+    for s in parsed.segments:
         seg = dict(s)
         if duration > 0:
             seg["start"] = min(float(seg["start"]), duration)
@@ -171,4 +173,5 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
         "prompt_tokens": seq.prompt_len,
         "output_tokens": len(seq.output_ids),
         "error": seq.error,
+        "parse_issues": parsed.issues,
     }

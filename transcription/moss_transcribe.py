@@ -84,4 +84,5 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     segments = [{**s, "end": s["end"] if s.get("end") is not None else s["start"]} for s in res["segments"]]
     return {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
             "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
-            "repetition": res.get("repetition"), "marker_interval_s": seq.mm_state.get("marker_interval_s")}
+            "repetition": res.get("repetition"), "marker_interval_s": seq.mm_state.get("marker_interval_s"),
+            "parse_issues": res["parse_issues"]}

@@ -445,13 +445,19 @@ INCOMPLETE_GAP_S = 30.0
 
 
 def _mark_completeness(result: dict) -> None:
-    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
-    ends far before the speech does, is never reported as a silent success."""
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, malformed MOSS-TD output
+    (``parse_issues``: a last segment without an end time, a cut-off tag, ...), or a last segment that ends
+    far before the speech does, is never reported as a silent success."""
     finish = result.get("finish_reason")
     if finish in ("length", "repetition", "abort", "error"):
         result["incomplete"] = True
         result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
                                        "abort": "aborted", "error": "engine error"}[finish]
+        return
+    issues = result.get("parse_issues") or []
+    if issues:  # MOSS-TD output the parser had to repair: kept, but never reported as a clean success
+        result["incomplete"] = True
+        result["incomplete_reason"] = "malformed model output: " + "; ".join(issues)
         return
     segments = result.get("segments") or []
     last_end = max((s["end"] for s in segments), default=0.0)
