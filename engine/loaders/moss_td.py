@@ -104,6 +104,35 @@ def _init_random(model: MossTDForConditionalGeneration, seed: int, std: float, d
                 p.normal_(0.0, std, generator=g)
 
 
+# The audio frontend our mel implements (engine/models/mel.py): WhisperFeatureExtractor's settings.
+FEATURE_EXTRACTOR = {"sampling_rate": 16_000, "hop_length": 160, "n_fft": 400, "chunk_length": 30,
+                     "n_samples": 480_000, "nb_max_frames": 3000}
+
+
+def check_feature_extractor(path: Path | None, num_mel_bins: int) -> None:
+    """Refuse a folder whose ``preprocessor_config.json`` (or the ``feature_extractor`` entry of
+    ``processor_config.json``) states a frontend
+    other than ours: the mel would not be the one the weights were trained on. Absent keys are not checked.
+
+    Raises:
+        CheckpointError: a stated value differs (the message names the key and both values).
+    """
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        p = path / name if path is not None else None
+        if p is None or not p.is_file():
+            continue
+        data = json.loads(p.read_text())
+        fe = data.get("feature_extractor")  # a processor config nests its feature extractor's
+        fe = fe if isinstance(fe, dict) else (data if name == "preprocessor_config.json" else {})
+        want = {**FEATURE_EXTRACTOR, "feature_size": num_mel_bins}
+        bad = [f"{k}={fe[k]!r} (ours {v!r})" for k, v in want.items() if k in fe and fe[k] != v]
+        if fe.get("dither") not in (None, 0, 0.0):
+            bad.append(f"dither={fe['dither']!r} (ours 0)")
+        if bad:
+            raise CheckpointError(f"{p}: the feature extractor differs from the engine's Whisper frontend: "
+                                  f"{', '.join(bad)}")
+
+
 def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int, str]:
     """The time-marker interval (seconds) and where it came from: ``setting`` (``EngineConfig.
     marker_interval_s`` / ``DIARIST_MOSS_MARKER_INTERVAL_S``) wins, else the folder's processor config,
@@ -155,6 +184,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
     mcfg = MossTDConfig.from_dict(conf)
     marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
+    check_feature_extractor(path, mcfg.audio.num_mel_bins)
     rules = read_generation_config(path, (EOS_ID,))  # before the weights: a refused field fails fast
     try:
         template = read_chat_template(path)

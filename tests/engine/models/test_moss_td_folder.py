@@ -247,3 +247,16 @@ def test_a_template_without_one_audio_placeholder_is_refused(reference, tmp_path
     (path / "chat_template.jinja").write_text("{% for m in messages %}")
     with pytest.raises(CheckpointError, match="does not compile"):
         engine_for(path)
+
+
+# -- item 10: the feature extractor's file is checked, not assumed ------------------------------------------
+def test_preprocessor_config_must_state_our_frontend(reference, tmp_path):
+    path = reference.write_checkpoint(tmp_path / "fe", shards=1, marker_every_s=5)
+    whisper_fe = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80, "sampling_rate": 16000,
+                  "hop_length": 160, "n_fft": 400, "chunk_length": 30, "n_samples": 480000, "nb_max_frames": 3000,
+                  "dither": 0.0, "padding_side": "right", "return_attention_mask": False}
+    (path / "preprocessor_config.json").write_text(json.dumps(whisper_fe))
+    engine_for(path)  # the released frontend: accepted
+    (path / "preprocessor_config.json").write_text(json.dumps({**whisper_fe, "feature_size": 128}))
+    with pytest.raises(CheckpointError, match=r"feature_size=128 \(ours 80\)"):
+        engine_for(path)
