@@ -108,59 +108,79 @@ def _snippet(s: str) -> str:
 
 def parse_moss_td_report(text: str) -> MossParse:
     """:func:`parse_moss_td` with the notes on malformed output (:class:`MossParse`). Never raises."""
+    return _parse(text, 0.0)[0]
+
+
+def _parse(text: str, base_time: float) -> tuple[MossParse, list[tuple[int, float]], list[int]]:
+    """The parse of ``text``, the ``(char offset, time before it)`` of every segment header, and the header
+    offset of each returned segment. ``base_time``: the time a speaker tag without a time starts at when
+    no segment precedes it (the previous segment's, when ``text`` resumes a longer output)."""
     tokens, cut = _tokenize(text)
     out = MossParse()
     segments = out.segments
     cur: dict[str, Any] | None = None
     leading: list[str] = []
     stray = False
+    headers: list[tuple[int, float]] = []
+    seg_at: list[int] = []
+    at = 0  # char offset of the current token
 
     def close() -> None:
         if cur is not None:
             body = "".join(cur.pop("parts")).strip()
             if body:
                 cur["text"] = body
+                seg_at.append(cur.pop("at"))
                 segments.append(cur)
 
     def last_time() -> float:
         if cur is None:
-            return 0.0
+            return base_time
         return cur["end"] if cur["end"] is not None else cur["start"]
 
     k = 0
     while k < len(tokens):
         kind, value, raw = tokens[k]
+        if kind in (_NUM, _SPK):
+            nxt = _next_significant(tokens, k + 1) if kind == _NUM else k
+            nkind = tokens[nxt][0] if nxt < len(tokens) else None
+            if kind == _SPK or nkind == _SPK or (nkind == _TEXT and (cur is None or cur["end"] is not None)):
+                headers.append((at, last_time()))
         if kind == _NUM:
             nxt = _next_significant(tokens, k + 1)
             nkind = tokens[nxt][0] if nxt < len(tokens) else None
             if nkind == _SPK:  # header: [start] [Sxx]
                 close()
-                cur = {"speaker": tokens[nxt][1], "start": value, "end": None, "parts": []}
+                cur = {"speaker": tokens[nxt][1], "start": value, "end": None, "parts": [], "at": at}
                 stray = False
+                at += sum(len(t[2]) for t in tokens[k:nxt + 1])
                 k = nxt + 1
                 continue
             if nkind == _TEXT and (cur is None or cur["end"] is not None):  # header without a speaker tag
                 close()
-                cur = {"speaker": DEFAULT_SPEAKER, "start": value, "end": None, "parts": []}
+                cur = {"speaker": DEFAULT_SPEAKER, "start": value, "end": None, "parts": [], "at": at}
                 stray = False
+                at += len(raw)
                 k += 1
                 continue
             if nkind == _TEXT:  # a number inside the text
                 cur["parts"].append(raw)
             elif cur is not None and cur["end"] is None and value >= cur["start"]:
                 cur["end"] = value
+            at += len(raw)
             k += 1
             continue
         if kind == _SPK:  # header without a start time
             start = last_time()
             close()
-            cur = {"speaker": value, "start": start, "end": None, "parts": []}
+            cur = {"speaker": value, "start": start, "end": None, "parts": [], "at": at}
             stray = False
         elif cur is not None:
             stray = stray or (cur["end"] is not None and bool(raw.strip()))
             cur["parts"].append(raw)
         else:
             leading.append(raw)
+        at += len(raw)
         k += 1
     tail = cur
     close()
@@ -172,7 +192,7 @@ def parse_moss_td_report(text: str) -> MossParse:
         out.issues.append(f"the last segment (from {tail['start']:.2f} s) has no end time")
     elif stray:
         out.issues.append("text after the last segment's end time was kept in that segment")
-    return out
+    return out, headers, seg_at
 
 
 def parse_moss_td(text: str) -> list[dict[str, Any]]:
@@ -185,6 +205,61 @@ def parse_moss_td(text: str) -> list[dict[str, Any]]:
     and :func:`parse_moss_td_report` also says what was malformed.
     """
     return parse_moss_td_report(text).segments
+
+
+class MossStreamParser:
+    """Parse-as-you-go: feed the decoded output as it grows; segments come out as soon as they are final,
+    and :meth:`close` gives exactly :func:`parse_moss_td_report` of the whole output.
+
+    A segment is final once the next segment's header has been read and decided: a header decision looks
+    ahead only to the next significant token, and only the output's last token can still change (an
+    unclosed ``[`` may become a tag, trailing whitespace may become text), so headers are taken from the
+    output without its last token. Only the text from the last header on is parsed again on each feed, with
+    the time before that header as context: the cost per feed is the open segment's length, not the
+    output's.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._offset = 0  # start of the open tail (the last header) in ``text``
+        self._base = 0.0  # the time before that header
+        self._final: list[dict[str, Any]] = []
+        self._leading: list[str] = []  # the note on ignored leading text, kept once its text is committed
+
+    @property
+    def final(self) -> list[dict[str, Any]]:
+        """Segments final so far (copies)."""
+        return [dict(x) for x in self._final]
+
+    def feed(self, chunk: str) -> list[dict[str, Any]]:
+        """Append ``chunk`` (decoded text, any split); returns the segments that became final (copies)."""
+        self.text += chunk
+        tail = self.text[self._offset:]
+        tokens, cut = _tokenize(tail)
+        # The last token can still change kind ("[l" -> "[laugh]", " " -> " x") and with it the decision of
+        # the header before it; everything before it is final. Headers are taken from that part only.
+        stable = len(tail) - len(cut) - (len(tokens[-1][2]) if tokens else 0)
+        parsed, headers, seg_at = _parse(tail[:stable], self._base)
+        if len(headers) < 2 and not (headers and headers[-1][0] > 0):
+            return []
+        last, base = headers[-1]
+        new = [dict(x) for x, at in zip(parsed.segments, seg_at, strict=True) if at < last]
+        if self._offset == 0:
+            self._leading = [i for i in parsed.issues if i.startswith("text before the first")]
+        self._offset += last
+        self._base = base
+        self._final.extend(new)
+        return [dict(x) for x in new]
+
+    def open_segments(self) -> list[dict[str, Any]]:
+        """The final segments followed by the open tail's, as a parse of the output so far would give."""
+        return self._final + _parse(self.text[self._offset:], self._base)[0].segments
+
+    def close(self) -> MossParse:
+        """The whole output's parse (equal to ``parse_moss_td_report(self.text)``)."""
+        tail = _parse(self.text[self._offset:], self._base)[0]
+        issues = list(self._leading) if self._offset else []
+        return MossParse(segments=self.final + tail.segments, issues=issues + tail.issues)
 
 
 def render_moss_td(segments: list[dict[str, Any]]) -> str:

@@ -136,6 +136,17 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
                               "marker_interval_s": marker})
 
 
+def clamp_segment(seg: dict, duration: float) -> dict:
+    """A copy of a parsed segment with its times clamped to ``duration`` (seconds; the model may write an end
+    past the audio, sglang-omni #1034)."""
+    seg = dict(seg)
+    if duration > 0:
+        seg["start"] = min(float(seg["start"]), duration)
+        if seg.get("end") is not None:
+            seg["end"] = min(float(seg["end"]), duration)
+    return seg
+
+
 def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
     """Decode and parse a finished MOSS-TD sequence.
 
@@ -155,14 +166,7 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
         ids = guard.kept_output(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True).strip()
     parsed = parse_moss_td_report(text)
-    segments = []
-    for s in parsed.segments:
-        seg = dict(s)
-        if duration > 0:
-            seg["start"] = min(float(seg["start"]), duration)
-            if seg.get("end") is not None:
-                seg["end"] = min(float(seg["end"]), duration)
-        segments.append(seg)
+    segments = [clamp_segment(s, duration) for s in parsed.segments]
     last = max((s["end"] if s.get("end") is not None else s["start"] for s in segments), default=0.0)
     return {
         "segments": segments,

@@ -8,12 +8,14 @@ differences, and why, are listed in docs/moss_td.md ("Parsing").
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from diarist.transcript import Transcript
 from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.request import FinishReason, Sequence
 from engine.tokenizer import TextTokenizer
-from transcription.moss_td_parser import parse_moss_td, parse_moss_td_report
+from transcription.moss_td_parser import MossParse, MossStreamParser, parse_moss_td, parse_moss_td_report
 from transcription.moss_td_pipeline import moss_result
 from transcription.transcriber import _mark_completeness
 
@@ -76,3 +78,38 @@ def test_well_formed_output_is_not_marked():
     assert r.issues == [] and len(r.segments) == 2
     assert parse_moss_td_report("[0.52][S01]a[1.0][laugh] stray words").issues == [
         "text after the last segment's end time was kept in that segment"]
+
+
+# -- item 6: parse-as-you-go --------------------------------------------------------------------------------
+def _fed(text: str, sizes) -> tuple[list, MossParse]:
+    p = MossStreamParser()
+    live, i, k = [], 0, 0
+    while i < len(text):
+        n = sizes[k % len(sizes)] if sizes else 1
+        live += p.feed(text[i : i + n])
+        i, k = i + n, k + 1
+    return live, p.close()
+
+
+@pytest.mark.parametrize(("chunks", "want"), OFFICIAL)
+def test_parse_as_you_go_one_character_at_a_time_equals_the_final_parse(chunks, want):
+    text = "".join(chunks)
+    live, closed = _fed(text, [1])
+    assert closed == parse_moss_td_report(text) and _tuples(closed.segments) == want
+    assert live == closed.segments[: len(live)] and len(live) == len(want) - 1  # all but the last, live
+    live, closed = _fed(text, [len(c) for c in chunks])  # the official tests' own chunking
+    assert closed == parse_moss_td_report(text)
+
+
+_PIECES = st.sampled_from(["[", "]", "[S01]", "[S2]", "[0.5]", "[12.25]", "[3]", "[laugh]", "hi", " ", "第",
+                           "[2024]年", "\n", "[1.", "S0", "x y", "[S01", "]["])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_PIECES, max_size=30), st.lists(st.integers(1, 7), min_size=1, max_size=5))
+def test_parse_as_you_go_equals_the_final_parse_on_any_output(pieces, sizes):
+    text = "".join(pieces)
+    live, closed = _fed(text, sizes)
+    full = parse_moss_td_report(text)
+    assert closed == full
+    assert live == full.segments[: len(live)]
