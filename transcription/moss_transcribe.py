@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from engine.engine import Engine
+from transcription.moss_sections import fits, transcribe_sections
 from transcription.moss_td_parser import MossStreamParser
 from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_result
 from transcription.progress import EventFn
@@ -69,6 +70,9 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     dummy weights only, see :class:`transcription.transcriber.Transcriber`): decode exactly that many tokens
     (clamped to the context left), EOS and the loop guard off.
 
+    A recording whose prompt would not leave room for its output runs as sections
+    (:func:`transcription.moss_sections.transcribe_sections`).
+
     Raises:
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
         EngineError: the sequence failed inside the engine.
@@ -82,6 +86,8 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
                 "coverage": 0.0, "no_speech": False, "repetition": None,
                 "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
+    if fixed_output_tokens is None and not fits(engine, len(wave), getattr(options, "prompt", None)):
+        return transcribe_sections(engine, wave, options, on_event, should_cancel)
     budget = fixed_output_tokens or getattr(options, "max_new_tokens", None)
     seq = build_moss_sequence(engine, wave, budget, getattr(options, "prompt", None))
     seq.admission_class = getattr(options, "admission_class", "default")
