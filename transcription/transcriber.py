@@ -115,7 +115,7 @@ class Transcriber:
                              f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
         # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
-        self.frontend = Frontend.FFMPEG if self.family == "whisper" else Frontend.LIBROSA
+        self.frontend = Frontend.for_family(self.family)
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)

@@ -49,3 +49,23 @@ def test_the_moss_transcriber_uses_the_official_frontend():
     eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
                               kv_budget_bytes=4 << 20, max_running_requests=2))
     assert Transcriber(eng).frontend is Frontend.LIBROSA
+
+
+def test_workers_decode_as_the_engines_family(monkeypatch, tmp_path):
+    """A worker decodes uploads for its engine server (worker/engine_client.py) with that family's frontend."""
+    from transcription.audio import AudioError, decode
+    from worker.engine_client import JobFailure
+    from worker.engine_pool import engine_client
+
+    assert Frontend.for_family("whisper") is Frontend.FFMPEG and Frontend.for_family("moss-td") is Frontend.LIBROSA
+    seen = []
+
+    def fake(source, mono=True, frontend=Frontend.FFMPEG):
+        seen.append(frontend)
+        raise AudioError("decode_failed", "stop here")
+
+    monkeypatch.setattr(decode, "decode_audio", fake)
+    for family in ("moss-td", "whisper"):
+        with pytest.raises(JobFailure):
+            engine_client(["http://127.0.0.1:9"], timeout_s=1, family=family).transcribe(tmp_path / "a.wav", {})
+    assert seen == [Frontend.LIBROSA, Frontend.FFMPEG]

@@ -110,6 +110,12 @@ class Frontend(str, Enum):
     FFMPEG = "ffmpeg"
     LIBROSA = "librosa"
 
+    @classmethod
+    def for_family(cls, family: str) -> Frontend:
+        """The frontend of a model family's official loader: ``ffmpeg`` for ``whisper``, ``librosa`` for
+        ``moss-td``. Whoever decodes for an engine (the transcriber, a worker) asks here."""
+        return cls.FFMPEG if family == "whisper" else cls.LIBROSA
+
 
 def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     """``[channels, n]`` float32 at ``rate`` -> ``[channels, ceil(n * 16000 / rate)]`` (soxr ``soxr_hq``)."""
