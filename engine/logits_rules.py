@@ -44,6 +44,9 @@ class GreedyLogitsRules:
             raise ValueError(f"suppressed token ids {bad[:5]} are outside the vocabulary of {vocab}")
         self.penalty = float(rules.repetition_penalty)
         self.seen = (torch.zeros(rows, vocab, dtype=torch.bool, device=device) if self.penalty != 1.0 else None)
+        # the value written into ``seen``, a device tensor: a Python scalar there would become a host tensor
+        # copied to the device, which a graph being captured cannot do
+        self._true = torch.ones((), dtype=torch.bool, device=device)
         self.suppress = (torch.tensor(rules.suppress_ids, dtype=torch.int64, device=device)
                          if rules.suppress_ids else None)
 
@@ -51,7 +54,7 @@ class GreedyLogitsRules:
         """Forget the history of ``rows`` (sequences just admitted to them)."""
         if self.seen is not None and rows:
             idx = torch.tensor(rows, dtype=torch.int64).to(self.seen.device, non_blocking=True)
-            self.seen[idx] = False
+            self.seen.index_fill_(0, idx, False)
 
     def __call__(self, batch: ForwardBatch, logits: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[B, vocab]`` at ``batch.logits_indices`` -> the processed logits (new tensor).
@@ -62,7 +65,7 @@ class GreedyLogitsRules:
         if self.seen is not None:
             if batch.token_rows is None:
                 raise ValueError("the repetition penalty needs ForwardBatch.token_rows")
-            self.seen[batch.token_rows, batch.input_ids] = True
+            self.seen.index_put_((batch.token_rows, batch.input_ids), self._true)
             seen = self.seen[batch.token_rows[batch.logits_indices]]
             penalized = torch.where(logits < 0, logits * self.penalty, logits / self.penalty)
             logits = torch.where(seen, penalized, logits)
