@@ -12,6 +12,7 @@ distance, accepted below the cascade's clustering threshold), a new label when n
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ def plan_sections(wave: np.ndarray, max_s: float, speech: list[tuple[float, floa
     out, start = [], 0.0
     while duration - start > max_s:
         lo, hi = start + 0.6 * max_s, start + max_s
-        gaps = [(b[0] - a[1], (a[1] + b[0]) / 2) for a, b in zip(speech, speech[1:], strict=False)]
+        gaps = [(b[0] - a[1], (a[1] + b[0]) / 2) for a, b in itertools.pairwise(speech)]
         gaps = [(g, mid) for g, mid in gaps if lo <= mid <= hi and g > 0]
         cut = max(gaps)[1] if gaps else hi
         out.append((start, cut))
