@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import ModelUnavailable
+from engine.checkpoints import CheckpointError
 
 
-class GenerationConfigError(ModelUnavailable):
+class GenerationConfigError(CheckpointError):
     """``generation_config.json`` asks for something the engine does not do (the message names the field
-    and the value), or is not valid JSON."""
+    and the value), or is not valid JSON (a :class:`CheckpointError`: code ``bad_model``, one CLI line)."""
 
 
 # Applied: the stop ids, the penalty, suppressed ids, the output budget.

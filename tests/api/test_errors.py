@@ -162,19 +162,3 @@ def test_oversized_json_request_is_413(client):
                     headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
 
-
-def test_a_moss_td_server_does_not_answer_whisper_names(app_with):
-    """Unset, the served names follow the loaded family: ``whisper-1`` is not silently run on MOSS-TD."""
-    from diarist.settings import Settings
-
-    assert Settings(_env_file=None, model="moss-td").served_model_names == ["moss-td"]
-    assert Settings(_env_file=None).served_model_names == ["whisper", "whisper-1", "tiny.en"]
-    assert Settings(_env_file=None, model="moss-td", served_models=["moss-td", "x"]).served_model_names == [
-        "moss-td", "x"]
-    wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
-    moss = app_with(model="moss-td")
-    r = moss.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "whisper-1"})
-    assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_model"
-    assert "serves: moss-td" in r.json()["error"]["message"]
-    r = moss.post("/v1/jobs", files={"file": ("y.wav", wav)}, data={"model": "moss-td"})
-    assert r.status_code == 202, r.text

@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from diarist.transcript import Transcript
-from engine import Engine, EngineConfig, ModelUnavailable
+from engine import Engine, EngineConfig
 from engine.loaders import CheckpointError
 from engine.models.moss_td_prompt import audio_span_ids, build_prompt
 from tests.engine.models.moss_reference import Reference, make_audio
@@ -165,7 +165,7 @@ def test_checkpoint_max_new_tokens_lowers_only_the_short_clip_floor(penalized, r
 def test_unsupported_generation_fields_are_refused_at_load(reference, tmp_path, fields, named):
     path = reference.write_checkpoint(tmp_path / "bad", shards=1, marker_every_s=5)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 151645, **fields}))
-    with pytest.raises(ModelUnavailable, match="generation_config.json") as e:
+    with pytest.raises(CheckpointError, match="generation_config.json") as e:
         engine_for(path)
     assert named in str(e.value)
 
