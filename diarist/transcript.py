@@ -94,6 +94,8 @@ class Transcript(BaseModel):
     diarization cascade; ``None`` when the model gives speakers only through its segments, as
     MOSS-TD does, or for multichannel jobs). RTTM export and DER use the turns when present.
     ``speakers`` lists the segments' speakers first, then any speaker that has turns but no words.
+    ``random_weights``: the engine ran random (``load_format=dummy``) weights, so the text is noise.
+    ``marker_interval_s``: the MOSS-TD time-marker interval (seconds) its prompt used; ``None`` for Whisper.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -113,6 +115,8 @@ class Transcript(BaseModel):
     incomplete_reason: str | None = None
     speaker_names: dict[str, str] | None = None
     turns: list[SpeakerTurn] | None = None
+    random_weights: bool = False
+    marker_interval_s: float | None = None
 
     @property
     def text(self) -> str:
@@ -211,6 +215,8 @@ class Transcript(BaseModel):
             speakers=list(labels.values()), segments=segments,
             finish_reason=finish, coverage=coverage, no_speech=no_speech,
             incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None, turns=turns,
+            random_weights=bool(result.get("random_weights")),
+            marker_interval_s=_finite(result.get("marker_interval_s")),
         )
 
 

@@ -30,6 +30,9 @@ class EngineConfig:
         load_format: ``"auto"`` (detect), ``"ct2"`` (CTranslate2 export), ``"hf"`` (HF safetensors dir),
             ``"dummy"`` (random weights of ``dummy_config``).
         dummy_config: model config overrides for ``load_format="dummy"`` (e.g. tiny shapes in tests).
+        marker_interval_s: MOSS-TD time-marker interval (whole seconds; 0: no markers). ``None``: the
+            checkpoint folder's ``processor_config.json``; a folder without one gets the processor code's
+            default of 2 s with a warning (the released checkpoint ships its own value: docs/moss_td.md).
         device: ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``.
         dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``). ``None``: float32 on the CPU;
             on CUDA the checkpoint's dtype when it is float16 or bfloat16, else bfloat16.
@@ -85,6 +88,7 @@ class EngineConfig:
     model_path: str | None = None
     load_format: str = "auto"
     dummy_config: dict = field(default_factory=dict)
+    marker_interval_s: int | None = None
     device: str = "cpu"
     dtype: str | None = None
     kv_budget_bytes: int | None = None

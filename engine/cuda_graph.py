@@ -74,8 +74,8 @@ def capture_buckets(model: torch.nn.Module, attn: AttentionBackend, buckets: lis
 class DecodeGraphs:
     """Captured decode graphs for one model and attention backend.
 
-    Static inputs: ``input_ids``/``positions`` int64 ``[max_bs]`` (here) and the backend's row, length and
-    slot buffers (:meth:`GraphCapableBackend.init_graph_capture`). Outputs per bucket: float32 logits
+    Static inputs: ``input_ids``/``positions``/``token_rows`` int64 ``[max_bs]`` (here) and the backend's row,
+    length and slot buffers (:meth:`GraphCapableBackend.init_graph_capture`). Outputs per bucket: float32 logits
     ``[bucket, vocab]`` and int64 greedy ids ``[bucket]``.
 
     Raises (``capture``): RuntimeError from CUDA or the backend when a graph cannot be captured.
@@ -99,6 +99,7 @@ class DecodeGraphs:
             input_ids=self.input_ids[:bs], positions=self.positions[:bs], out_cache_loc=self.attn.meta.loc,
             req_rows=zeros, prefix_lens=zeros, extend_lens=ones, seq_lens=ones,
             qo_indptr=torch.arange(bs + 1, dtype=torch.int64), logits_indices=self.logits_indices[:bs],
+            token_rows=self.token_rows[:bs],
         )
 
     @torch.inference_mode()
@@ -108,6 +109,7 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.logits_indices = torch.arange(self.max_bs, dtype=torch.int64, device=dev)
+        self.token_rows = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)  # padding: the dummy row 0
         self.attn.init_graph_capture(self.max_bs)
         # Own capture stream (never torch.cuda.graph's shared default): see the module docstring.
         self.capture_stream = torch.cuda.Stream(dev)
@@ -131,9 +133,14 @@ class DecodeGraphs:
         bs = self.bucket(n)
         self.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
         self.positions[:n].copy_(batch.positions, non_blocking=True)
+        if batch.token_rows is not None:
+            self.token_rows[:n].copy_(batch.token_rows, non_blocking=True)
+        else:
+            self.token_rows[:n].zero_()
         if bs > n:
             self.input_ids[n:bs].zero_()
             self.positions[n:bs].zero_()
+            self.token_rows[n:bs].zero_()
         self.attn.prepare_for_replay(batch, bs)
         graph, logits, greedy = self.graphs[bs]
         graph.replay()

@@ -71,6 +71,7 @@ class Engine:
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
         self._build_cache()
+        self._install_logits_rules()
         self.attn = make_backend(cfg.attention_backend, cfg, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
                                    class_limits=cfg.admission_limits)
@@ -81,6 +82,9 @@ class Engine:
             self._capture_graphs()
         log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
                  ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
+        if self.random_weights:
+            log.warning("engine runs RANDOM weights (load_format=dummy): every transcript is noise; "
+                        "load a checkpoint for real output")
         # Steps run on a stream of the highest priority: when decode and encoder kernels are both queued, the
         # block scheduler dispatches the decode's first, so the encoder fills the SMs a latency-bound decode
         # step leaves idle instead of delaying it (the encoder stream keeps the default, lowest priority).
@@ -104,6 +108,17 @@ class Engine:
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def _install_logits_rules(self) -> None:
+        """Give the model the checkpoint's greedy rules (``info["greedy_rules"]``: repetition penalty,
+        suppressed ids) when they change logits; before graph capture, so the graphs contain them."""
+        rules = self.loaded.info.get("greedy_rules")
+        if rules is None or not rules.changes_logits or not hasattr(self.model, "logits_rules"):
+            return
+        from engine.logits_rules import GreedyLogitsRules
+
+        vocab = self.model.lm_head.weight.shape[0]
+        self.model.logits_rules = GreedyLogitsRules(rules, self.max_reqs + 1, vocab, self.device)
 
     def _capture_graphs(self) -> None:
         """Capture decode, then prefill CUDA graphs. A capture that fails leaves those steps eager, loudly:
@@ -160,6 +175,11 @@ class Engine:
         self.kv = KVPool(layers, int(slots), kv_heads, head_dim, self.dtype, self.device)
         self.allocator = SlotAllocator(int(slots))
         self.table = ReqToTokenTable(self.max_reqs, self.max_context, self.device)
+
+    @property
+    def random_weights(self) -> bool:
+        """True when the weights are random (``load_format="dummy"``): transcripts are noise."""
+        return bool(self.loaded.info.get("random_weights"))
 
     def kv_tokens_needed(self, seq: Sequence) -> int:
         """KV tokens the sequence would reserve (prompt + output budget), known before admission."""
@@ -363,6 +383,14 @@ class Engine:
         used = total - self.allocator.num_free
         return {
             "model": self.loaded.info.get("name"),
+            "random_weights": self.random_weights,
+            **({"generation": self.loaded.info["greedy_rules"].describe()}
+               if self.loaded.info.get("greedy_rules") is not None else {}),
+            **({"chat_template": getattr(self.loaded.info["chat_template"], "source", None) or "built-in"}
+               if "chat_template" in self.loaded.info else {}),
+            **({"marker_interval_s": self.loaded.info["marker_every_s"],
+                "marker_interval_source": self.loaded.info.get("marker_source")}
+               if "marker_every_s" in self.loaded.info else {}),
             "device": str(self.device),
             "running_requests": len(self.scheduler.running),
             "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize() + self.encoder.num_pending,

@@ -35,7 +35,7 @@ DEFAULT_TOKEN_BUCKETS = (64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
 class PrefillGraphs:
     """Captured prefill graphs for one model and attention backend.
 
-    Static inputs: ``input_ids``/``positions`` int64 ``[max_tokens]``, ``embeds`` ``[max_tokens, hidden]``
+    Static inputs: ``input_ids``/``positions``/``token_rows`` int64 ``[max_tokens]``, ``embeds`` ``[max_tokens, hidden]``
     (model dtype) with ``embeds_mask`` bool ``[max_tokens]``, ``logits_indices`` int64 ``[max_items]``, and the
     backend's item metadata and slots (:meth:`GraphCapableBackend.init_prefill_capture`). Outputs per bucket:
     float32 logits ``[max_items, vocab]`` and int64 greedy ids ``[max_items]``.
@@ -74,6 +74,7 @@ class PrefillGraphs:
             req_rows=zeros, prefix_lens=zeros, extend_lens=zeros, seq_lens=zeros,
             qo_indptr=torch.zeros(p + 1, dtype=torch.int64), logits_indices=self.logits_indices,
             input_embeds=self.embeds[:tokens], embeds_mask=self.embeds_mask[:tokens],
+            token_rows=self.token_rows[:tokens],
         )
 
     @torch.inference_mode()
@@ -82,6 +83,7 @@ class PrefillGraphs:
         dev, n = self.device, self.max_tokens
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.token_rows = torch.zeros(n, dtype=torch.int64, device=dev)  # padding: the dummy row 0
         self.embeds = torch.zeros(n, self.hidden, dtype=self.dtype, device=dev)
         self.embeds_mask = torch.zeros(n, dtype=torch.bool, device=dev)
         self.logits_indices = torch.zeros(self.max_items, dtype=torch.int64, device=dev)
@@ -107,6 +109,11 @@ class PrefillGraphs:
         self.positions[:t].copy_(batch.positions, non_blocking=True)
         self.input_ids[t:tokens].zero_()
         self.positions[t:tokens].zero_()
+        if batch.token_rows is not None:
+            self.token_rows[:t].copy_(batch.token_rows, non_blocking=True)
+        else:
+            self.token_rows[:t].zero_()
+        self.token_rows[t:tokens].zero_()
         if batch.input_embeds is not None and batch.embeds_mask is not None:
             self.embeds[:t].copy_(batch.input_embeds, non_blocking=True)
             self.embeds_mask[:t].copy_(batch.embeds_mask, non_blocking=True)

@@ -77,17 +77,19 @@ class ModelRunner:
         ext_t = torch.tensor(ext, dtype=torch.int64)
         qo = torch.zeros(b + 1, dtype=torch.int64)
         qo[1:] = torch.cumsum(ext_t, 0)
-        host = np.empty(3 * t + b, dtype=np.int64)
+        host = np.empty(4 * t + b, dtype=np.int64)
         host[:t] = ids
         host[t : 2 * t] = pos
         host[2 * t : 3 * t] = np.concatenate(slot_chunks)
-        host[3 * t :] = qo.numpy()[1:] - 1
+        host[3 * t : 4 * t] = np.repeat(np.asarray(rows, dtype=np.int64), ext)
+        host[4 * t :] = qo.numpy()[1:] - 1
         # non_blocking: staged at once, never waits for a step in flight (async decode)
         dev = torch.from_numpy(host).to(self.device, non_blocking=True)
         batch = ForwardBatch(
             input_ids=dev[:t], positions=dev[t : 2 * t], out_cache_loc=dev[2 * t : 3 * t],
             req_rows=torch.tensor(rows, dtype=torch.int64), prefix_lens=prefix_t, extend_lens=ext_t,
-            seq_lens=prefix_t + ext_t, qo_indptr=qo, logits_indices=dev[3 * t :], num_decode_prefix=decode_prefix,
+            seq_lens=prefix_t + ext_t, qo_indptr=qo, logits_indices=dev[4 * t :], num_decode_prefix=decode_prefix,
+            token_rows=dev[3 * t : 4 * t],
         )
         if embed_parts:
             self._attach_embeds(batch, embed_parts)

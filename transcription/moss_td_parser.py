@@ -10,7 +10,9 @@ The model's output is not always well formed, so the parser never raises and
 resolves each bracket by what follows it:
 
 - ``[number]`` + optional whitespace + ``[Sxx]`` is a segment header (start, speaker);
-- ``[number]`` followed by plain text is part of the text (``第[2024]年``);
+- ``[number]`` followed by plain text is part of the text (``第[2024]年``) inside an open segment; where a
+  segment may start (before the first one, or after an end time) it is a header without a speaker tag,
+  and the segment gets :data:`DEFAULT_SPEAKER` (``[0.0]hello[1.0]`` -> S01), as the official parser does;
 - ``[number]`` followed by another bracket or the end of the output ends the open
   segment, if it is not before that segment's start (otherwise it is dropped);
 - ``[Sxx]`` with no time before it starts a segment at the last known time;
@@ -28,19 +30,22 @@ Speaker tags are normalised to ``S`` + at least two digits (``[S1]`` -> ``S01``)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 _NUMBER = re.compile(r"\d+(?:\.\d*)?")
 _SPEAKER = re.compile(r"[Ss](\d+)")
 _PARTIAL_TAIL = re.compile(r"\s*(?:\d+(?:\.\d*)?|[Ss]\d*)?\s*")
 _MAX_NUMBER_CHARS = 32  # a longer "time" is garbage, not a timestamp
+DEFAULT_SPEAKER = "S01"  # a segment whose speaker tag is missing (the official parser's default_speaker)
 
 # token kinds
 _TEXT, _TAG, _NUM, _SPK = "text", "tag", "num", "spk"
 
 
-def _tokenize(s: str) -> list[tuple[str, Any, str]]:
-    """Split ``s`` into (kind, value, raw) tokens; adjacent plain text is merged."""
+def _tokenize(s: str) -> tuple[list[tuple[str, Any, str]], str]:
+    """Split ``s`` into (kind, value, raw) tokens, adjacent plain text merged; and the cut-off tag dropped
+    from the end (``""`` when none)."""
     out: list[tuple[str, Any, str]] = []
 
     def text(raw: str) -> None:
@@ -60,7 +65,7 @@ def _tokenize(s: str) -> list[tuple[str, Any, str]]:
         close, reopen = s.find("]", i + 1), s.find("[", i + 1)
         if close < 0 or 0 <= reopen < close:
             if close < 0 and reopen < 0 and _PARTIAL_TAIL.fullmatch(s[i + 1:]):
-                break  # output cut off inside a time or speaker tag
+                return out, s[i:]  # output cut off inside a time or speaker tag
             text("[")
             i += 1
             continue
@@ -72,7 +77,7 @@ def _tokenize(s: str) -> list[tuple[str, Any, str]]:
         else:
             out.append((_TAG, None, raw))
         i = close + 1
-    return out
+    return out, ""
 
 
 def _next_significant(tokens: list, k: int) -> int:
@@ -82,57 +87,179 @@ def _next_significant(tokens: list, k: int) -> int:
     return k
 
 
-def parse_moss_td(text: str) -> list[dict[str, Any]]:
-    """Parse MOSS-TD output into ``[{"speaker": "S01", "start": s, "end": s | None, "text": str}]``.
+@dataclass
+class MossParse:
+    """Segments parsed from one output, and what was malformed in it.
 
-    ``text`` is the decoded output (special tokens removed). Times are seconds as
-    written by the model (absolute over the recording). ``end`` is ``None`` for a
-    segment whose end timestamp is missing (e.g. a truncated decode). Never raises
-    for any ``str`` input; the rules for malformed output are in the module docstring.
+    ``issues``: human-readable notes on what the parser had to repair or could not place (a last segment
+    with no end time, a cut-off tag at the end, text after the last end time, text before the first
+    header); empty for well-formed output. A transcript with issues is marked ``incomplete``
+    (``transcription.transcriber``) with the first issue as its reason.
     """
-    tokens = _tokenize(text)
-    segments: list[dict[str, Any]] = []
+
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)
+
+
+def _snippet(s: str) -> str:
+    s = " ".join(s.split())
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def parse_moss_td_report(text: str) -> MossParse:
+    """:func:`parse_moss_td` with the notes on malformed output (:class:`MossParse`). Never raises."""
+    return _parse(text, 0.0)[0]
+
+
+def _parse(text: str, base_time: float) -> tuple[MossParse, list[tuple[int, float]], list[int]]:
+    """The parse of ``text``, the ``(char offset, time before it)`` of every segment header, and the header
+    offset of each returned segment. ``base_time``: the time a speaker tag without a time starts at when
+    no segment precedes it (the previous segment's, when ``text`` resumes a longer output)."""
+    tokens, cut = _tokenize(text)
+    out = MossParse()
+    segments = out.segments
     cur: dict[str, Any] | None = None
+    leading: list[str] = []
+    stray = False
+    headers: list[tuple[int, float]] = []
+    seg_at: list[int] = []
+    at = 0  # char offset of the current token
 
     def close() -> None:
         if cur is not None:
             body = "".join(cur.pop("parts")).strip()
             if body:
                 cur["text"] = body
+                seg_at.append(cur.pop("at"))
                 segments.append(cur)
 
     def last_time() -> float:
         if cur is None:
-            return 0.0
+            return base_time
         return cur["end"] if cur["end"] is not None else cur["start"]
 
     k = 0
     while k < len(tokens):
         kind, value, raw = tokens[k]
+        if kind in (_NUM, _SPK):
+            nxt = _next_significant(tokens, k + 1) if kind == _NUM else k
+            nkind = tokens[nxt][0] if nxt < len(tokens) else None
+            if kind == _SPK or nkind == _SPK or (nkind == _TEXT and (cur is None or cur["end"] is not None)):
+                headers.append((at, last_time()))
         if kind == _NUM:
             nxt = _next_significant(tokens, k + 1)
             nkind = tokens[nxt][0] if nxt < len(tokens) else None
             if nkind == _SPK:  # header: [start] [Sxx]
                 close()
-                cur = {"speaker": tokens[nxt][1], "start": value, "end": None, "parts": []}
+                cur = {"speaker": tokens[nxt][1], "start": value, "end": None, "parts": [], "at": at}
+                stray = False
+                at += sum(len(t[2]) for t in tokens[k:nxt + 1])
                 k = nxt + 1
                 continue
+            if nkind == _TEXT and (cur is None or cur["end"] is not None):  # header without a speaker tag
+                close()
+                cur = {"speaker": DEFAULT_SPEAKER, "start": value, "end": None, "parts": [], "at": at}
+                stray = False
+                at += len(raw)
+                k += 1
+                continue
             if nkind == _TEXT:  # a number inside the text
-                if cur is not None:
-                    cur["parts"].append(raw)
+                cur["parts"].append(raw)
             elif cur is not None and cur["end"] is None and value >= cur["start"]:
                 cur["end"] = value
+            at += len(raw)
             k += 1
             continue
         if kind == _SPK:  # header without a start time
             start = last_time()
             close()
-            cur = {"speaker": value, "start": start, "end": None, "parts": []}
+            cur = {"speaker": value, "start": start, "end": None, "parts": [], "at": at}
+            stray = False
         elif cur is not None:
+            stray = stray or (cur["end"] is not None and bool(raw.strip()))
             cur["parts"].append(raw)
+        else:
+            leading.append(raw)
+        at += len(raw)
         k += 1
+    tail = cur
     close()
-    return segments
+    if "".join(leading).strip():
+        out.issues.append(f"text before the first segment header was ignored: {_snippet(''.join(leading))!r}")
+    if cut:
+        out.issues.append(f"the output ends inside a cut-off time or speaker tag {_snippet(cut)!r}")
+    if tail is not None and tail["end"] is None and tail in segments:
+        out.issues.append(f"the last segment (from {tail['start']:.2f} s) has no end time")
+    elif stray:
+        out.issues.append("text after the last segment's end time was kept in that segment")
+    return out, headers, seg_at
+
+
+def parse_moss_td(text: str) -> list[dict[str, Any]]:
+    """Parse MOSS-TD output into ``[{"speaker": "S01", "start": s, "end": s | None, "text": str}]``.
+
+    ``text`` is the decoded output (special tokens removed). Times are seconds as
+    written by the model (absolute over the recording). ``end`` is ``None`` for a
+    segment whose end timestamp is missing (e.g. a truncated decode). Never raises
+    for any ``str`` input; the rules for malformed output are in the module docstring,
+    and :func:`parse_moss_td_report` also says what was malformed.
+    """
+    return parse_moss_td_report(text).segments
+
+
+class MossStreamParser:
+    """Parse-as-you-go: feed the decoded output as it grows; segments come out as soon as they are final,
+    and :meth:`close` gives exactly :func:`parse_moss_td_report` of the whole output.
+
+    A segment is final once the next segment's header has been read and decided: a header decision looks
+    ahead only to the next significant token, and only the output's last token can still change (an
+    unclosed ``[`` may become a tag, trailing whitespace may become text), so headers are taken from the
+    output without its last token. Only the text from the last header on is parsed again on each feed, with
+    the time before that header as context: the cost per feed is the open segment's length, not the
+    output's.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._offset = 0  # start of the open tail (the last header) in ``text``
+        self._base = 0.0  # the time before that header
+        self._final: list[dict[str, Any]] = []
+        self._leading: list[str] = []  # the note on ignored leading text, kept once its text is committed
+
+    @property
+    def final(self) -> list[dict[str, Any]]:
+        """Segments final so far (copies)."""
+        return [dict(x) for x in self._final]
+
+    def feed(self, chunk: str) -> list[dict[str, Any]]:
+        """Append ``chunk`` (decoded text, any split); returns the segments that became final (copies)."""
+        self.text += chunk
+        tail = self.text[self._offset:]
+        tokens, cut = _tokenize(tail)
+        # The last token can still change kind ("[l" -> "[laugh]", " " -> " x") and with it the decision of
+        # the header before it; everything before it is final. Headers are taken from that part only.
+        stable = len(tail) - len(cut) - (len(tokens[-1][2]) if tokens else 0)
+        parsed, headers, seg_at = _parse(tail[:stable], self._base)
+        if len(headers) < 2 and not (headers and headers[-1][0] > 0):
+            return []
+        last, base = headers[-1]
+        new = [dict(x) for x, at in zip(parsed.segments, seg_at, strict=True) if at < last]
+        if self._offset == 0:
+            self._leading = [i for i in parsed.issues if i.startswith("text before the first")]
+        self._offset += last
+        self._base = base
+        self._final.extend(new)
+        return [dict(x) for x in new]
+
+    def open_segments(self) -> list[dict[str, Any]]:
+        """The final segments followed by the open tail's, as a parse of the output so far would give."""
+        return self._final + _parse(self.text[self._offset:], self._base)[0].segments
+
+    def close(self) -> MossParse:
+        """The whole output's parse (equal to ``parse_moss_td_report(self.text)``)."""
+        tail = _parse(self.text[self._offset:], self._base)[0]
+        issues = list(self._leading) if self._offset else []
+        return MossParse(segments=self.final + tail.segments, issues=issues + tail.issues)
 
 
 def render_moss_td(segments: list[dict[str, Any]]) -> str:

@@ -7,7 +7,7 @@ Usage (the engine must be loaded with ``EngineConfig(model="moss-td", ...)``)::
     result = moss_result(seq, engine.tokenizer, duration=len(wave) / 16000)
 
 Budget (sgl-project/sglang-omni #1034): unless the request sets ``max_new_tokens``,
-``max(512, ceil(10 * audio seconds))``; either way clamped to the context left after the prompt.
+:func:`default_budget`; either way clamped to the context left after the prompt.
 """
 
 from __future__ import annotations
@@ -26,9 +26,14 @@ MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a usef
 GiB = 1 << 30
 
 
-def default_budget(duration_s: float) -> int:
-    """Output tokens allowed when the request sets none: ``max(512, ceil(10 * duration_s))``."""
-    return max(512, math.ceil(10.0 * duration_s))
+def default_budget(duration_s: float, checkpoint_default: int | None = None) -> int:
+    """Output tokens allowed when the request sets none: ``max(min(D, 512), ceil(10 * duration_s))`` with ``D``
+    the checkpoint's ``generation_config.json`` ``max_new_tokens`` (sglang-omni #1034; 512 when unstated).
+
+    The official ``generate`` would stop every recording at ``D`` itself (5120 in the released checkpoint,
+    about 19 minutes of a dense meeting: OpenMOSS#26), so ``D`` only lowers the floor for short clips."""
+    floor = 512 if checkpoint_default is None else min(int(checkpoint_default), 512)
+    return max(floor, math.ceil(10.0 * duration_s))
 
 
 class TimestampProgress:
@@ -93,16 +98,26 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
         raise RequestRejected("too_short", "the audio has no samples")
     duration = wave.size / SAMPLE_RATE
     info = engine.loaded.info
-    p = build_prompt(engine.tokenizer, int(wave.size), prompt, info.get("marker_every_s", 2))
+    marker = info["marker_every_s"]  # the loader always states it (and where it came from)
+    p = build_prompt(engine.tokenizer, int(wave.size), prompt, marker, info.get("chat_template"))
     left = engine.max_context - len(p.ids)
     if left < MIN_OUTPUT_TOKENS:
         per_s = len(p.ids) / duration  # prompt tokens per audio second (audio, markers, template)
         fit_min = (engine.max_context - MIN_OUTPUT_TOKENS) / per_s / 60
+        model_ctx = engine.model.max_context
+        why = (f"this engine's max_context; the model allows {model_ctx}" if engine.max_context < model_ctx
+               else "the official processor's limit")
         raise RequestRejected(
             "too_long", f"{duration / 60:.1f} min of audio makes a prompt of {len(p.ids)} tokens, which with "
                         f"at least {MIN_OUTPUT_TOKENS} output tokens exceeds the {engine.max_context}-token "
-                        f"context (about {fit_min:.0f} min of audio fit)")
-    budget = default_budget(duration) if max_new_tokens is None else int(max_new_tokens)
+                        f"context ({why}; about {fit_min:.0f} min of audio fit)")
+    rules = info.get("greedy_rules")
+    if max_new_tokens is None:
+        budget = default_budget(duration, rules.max_new_tokens if rules is not None else None)
+    else:
+        budget = int(max_new_tokens)
+    if rules is not None and rules.max_length is not None:  # HF max_length counts prompt + output tokens
+        left = min(left, rules.max_length - len(p.ids))
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget
     slots = engine.allocator.num_slots
@@ -117,7 +132,19 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
     return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
                     stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),
                     mm_inputs={"audio": torch.from_numpy(wave)}, stop_checker=guard,
-                    mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio})
+                    mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio,
+                              "marker_interval_s": marker})
+
+
+def clamp_segment(seg: dict, duration: float) -> dict:
+    """A copy of a parsed segment with its times clamped to ``duration`` (seconds; the model may write an end
+    past the audio, sglang-omni #1034)."""
+    seg = dict(seg)
+    if duration > 0:
+        seg["start"] = min(float(seg["start"]), duration)
+        if seg.get("end") is not None:
+            seg["end"] = min(float(seg["end"]), duration)
+    return seg
 
 
 def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
@@ -127,24 +154,19 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
     ``duration``), ``text`` (the decoded output, special tokens skipped, stripped), ``finish_reason``
     (``stop``/``length``/``repetition``/``abort``/``error``), ``coverage`` (last segment end, or start when
     it has no end, over ``duration``; 0 when nothing parsed), ``repetition`` (the guard's reason or
-    ``None``), ``prompt_tokens`` and ``output_tokens``. After a repetition stop the repeated tail is cut
+    ``None``), ``prompt_tokens``, ``output_tokens`` and ``parse_issues`` (what was malformed in the output:
+    :class:`transcription.moss_td_parser.MossParse`). After a repetition stop the repeated tail is cut
     to its first copy.
     """
-    from transcription.moss_td_parser import parse_moss_td
+    from transcription.moss_td_parser import parse_moss_td_report
 
     ids = list(seq.output_ids)
     guard = seq.stop_checker if isinstance(seq.stop_checker, RepetitionGuard) else None
     if guard is not None and seq.finish_reason is not None and seq.finish_reason.value == "repetition":
         ids = guard.kept_output(ids)
     text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-    segments = []
-    for s in parse_moss_td(text):
-        seg = dict(s)
-        if duration > 0:
-            seg["start"] = min(float(seg["start"]), duration)
-            if seg.get("end") is not None:
-                seg["end"] = min(float(seg["end"]), duration)
-        segments.append(seg)
+    parsed = parse_moss_td_report(text)
+    segments = [clamp_segment(s, duration) for s in parsed.segments]
     last = max((s["end"] if s.get("end") is not None else s["start"] for s in segments), default=0.0)
     return {
         "segments": segments,
@@ -155,4 +177,5 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
         "prompt_tokens": seq.prompt_len,
         "output_tokens": len(seq.output_ids),
         "error": seq.error,
+        "parse_issues": parsed.issues,
     }

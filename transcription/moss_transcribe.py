@@ -13,20 +13,67 @@ from engine.models.mel import SAMPLE_RATE
 from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 from transcription.errors import EngineError
-from transcription.moss_td_pipeline import build_moss_sequence, moss_result
+from transcription.moss_sections import fits, transcribe_sections
+from transcription.moss_td_parser import MossStreamParser
+from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_result
 from transcription.progress import EventFn
+
+
+class LiveSegments:
+    """Turns the raw decoded text of one MOSS-TD sequence into events while it decodes: ``segment`` for each
+    segment as soon as it is final (:class:`transcription.moss_td_parser.MossStreamParser`), and ``delta``
+    with the growth of the transcript text (segment texts joined by spaces), never the raw
+    ``[12.3][S01]`` markup.
+
+    The final result is authoritative: :meth:`finish` sends the segments not sent live (after a loop-guard
+    stop the repeated tail is cut, so a live segment of the loop may be absent from the result).
+    """
+
+    def __init__(self, on_event: EventFn | None, duration: float) -> None:
+        self.on_event, self.duration = on_event, duration
+        self.parser = MossStreamParser()
+        self.sent_segments = 0
+        self.shown = ""
+
+    def _segment(self, seg: dict) -> None:
+        seg = clamp_segment(seg, self.duration)
+        self.on_event("segment", {"start": seg["start"], "end": seg.get("end"), "text": seg["text"],
+                                  "speaker": seg.get("speaker")})
+        self.sent_segments += 1
+
+    def _text(self, segments: list[dict]) -> None:
+        visible = " ".join(s["text"] for s in segments)
+        if len(visible) > len(self.shown) and visible.startswith(self.shown):  # only ever append
+            self.on_event("delta", {"text": visible[len(self.shown):]})
+            self.shown = visible
+
+    def feed(self, raw: str) -> None:
+        """Raw decoded text (a coalesced delta)."""
+        for seg in self.parser.feed(raw):
+            self._segment(seg)
+        self._text(self.parser.open_segments())
+
+    def finish(self, segments: list[dict]) -> None:
+        """The result's segments: the text not shown yet, then the segments not sent yet."""
+        self._text(segments)
+        for seg in segments[self.sent_segments:]:
+            self._segment(seg)
 
 
 def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: EventFn | None,
                     should_cancel: Callable[[], bool] | None = None, fixed_output_tokens: int | None = None) -> dict:
     """Run one MOSS-TD sequence over ``wave`` (float32 ``[n]`` 16 kHz) and return the engine result dict.
 
-    Text deltas stream through an incremental detokenizer and a 50 ms coalescer; nothing is streamed
-    while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
+    Text streams through an incremental detokenizer and a 50 ms coalescer into :class:`LiveSegments`:
+    ``segment`` events as segments complete, ``delta`` events with the clean transcript text; nothing is
+    streamed while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
     checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
     ``abort``) and polled while it runs (its KV is freed at once). ``fixed_output_tokens`` (benchmarks on
     dummy weights only, see :class:`transcription.transcriber.Transcriber`): decode exactly that many tokens
     (clamped to the context left), EOS and the loop guard off.
+
+    A recording whose prompt would not leave room for its output runs as sections
+    (:func:`transcription.moss_sections.transcribe_sections`).
 
     Raises:
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
@@ -39,6 +86,8 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         return {"duration": duration, "segments": [], "finish_reason": FinishReason.ABORT.value,
                 "coverage": 0.0, "no_speech": False, "repetition": None,
                 "metrics": {**zeros, "prompt_tokens": 0, "output_tokens": 0}}
+    if fixed_output_tokens is None and not fits(engine, len(wave), getattr(options, "prompt", None)):
+        return transcribe_sections(engine, wave, options, on_event, should_cancel)
     budget = fixed_output_tokens or getattr(options, "max_new_tokens", None)
     seq = build_moss_sequence(engine, wave, budget, getattr(options, "prompt", None))
     seq.admission_class = getattr(options, "admission_class", "default")
@@ -46,6 +95,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         seq.ignore_eos, seq.stop_checker = True, None
     detok = IncrementalDetokenizer(engine.tokenizer.decode, keep=lambda t: t not in seq.stop_token_ids)
     coalescer = DeltaCoalescer(engine.config.stream_interval_s)
+    live = LiveSegments(on_event, duration)
     lock = threading.Lock()
     started = [False]
 
@@ -59,12 +109,12 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
                     on_event("started", {})
                 out = coalescer.push(detok.push(payload))
                 if out:
-                    on_event("delta", {"text": out})
+                    live.feed(out)
             elif kind == "finished":
                 out = coalescer.push(detok.flush())
                 rest = coalescer.flush() or out
                 if rest:
-                    on_event("delta", {"text": rest})
+                    live.feed(rest)
 
     # the listener runs on this thread, not the loop's; tokens reach it in batches of the delta coalescing window
     seq.on_event, seq.inbox = listener, EventInbox(batch_s=engine.config.stream_interval_s)
@@ -74,9 +124,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         raise EngineError(seq.error or "engine step failed")
     res = moss_result(seq, engine.tokenizer, duration)
     if on_event:
-        for seg in res["segments"]:
-            on_event("segment", {"start": seg["start"], "end": seg.get("end"), "text": seg["text"],
-                                 "speaker": seg.get("speaker")})
+        live.finish(res["segments"])
     t = seq.timings
     metrics = {"queue_wait_s": t.queue_wait_s, "encoder_s": t.encoder_s, "prefill_s": t.prefill_s,
                "decode_s": t.decode_s, "prompt_tokens": res["prompt_tokens"], "output_tokens": res["output_tokens"],
@@ -84,4 +132,5 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     segments = [{**s, "end": s["end"] if s.get("end") is not None else s["start"]} for s in res["segments"]]
     return {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
             "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
-            "repetition": res.get("repetition")}
+            "repetition": res.get("repetition"), "marker_interval_s": seq.mm_state.get("marker_interval_s"),
+            "parse_issues": res["parse_issues"]}

@@ -25,7 +25,7 @@ from engine.engine import Engine
 from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
 from engine.streaming import IncrementalDetokenizer
-from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
+from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
@@ -110,6 +110,8 @@ class Transcriber:
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
                              f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
+        # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
+        self.frontend = Frontend.for_family(self.family)
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -154,7 +156,7 @@ class Transcriber:
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
                 source, samples=source.samples.mean(axis=0, keepdims=True))
         else:
-            audio = decode_audio(source, mono=not opts.multichannel)
+            audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
@@ -175,6 +177,8 @@ class Transcriber:
         result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
+        if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
+            result["random_weights"] = True
         _mark_completeness(result)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
@@ -438,13 +442,19 @@ INCOMPLETE_GAP_S = 30.0
 
 
 def _mark_completeness(result: dict) -> None:
-    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
-    ends far before the speech does, is never reported as a silent success."""
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, malformed MOSS-TD output
+    (``parse_issues``: a last segment without an end time, a cut-off tag, ...), or a last segment that ends
+    far before the speech does, is never reported as a silent success."""
     finish = result.get("finish_reason")
     if finish in ("length", "repetition", "abort", "error"):
         result["incomplete"] = True
         result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
                                        "abort": "aborted", "error": "engine error"}[finish]
+        return
+    issues = result.get("parse_issues") or []
+    if issues:  # MOSS-TD output the parser had to repair: kept, but never reported as a clean success
+        result["incomplete"] = True
+        result["incomplete_reason"] = "malformed model output: " + "; ".join(issues)
         return
     segments = result.get("segments") or []
     last_end = max((s["end"] for s in segments), default=0.0)

@@ -105,23 +105,25 @@ class HttpEngineClient:
     the stream is the cancel signal, so a dead worker and a canceled job take the same path).
     """
 
-    def __init__(self, url: str, timeout_s: float = 7200.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 7200.0, family: str = "whisper") -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.engine_id = self.url
+        self.family = family  # the engine's model family: the audio is decoded as its official loader does
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
                    cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
         import httpx
 
-        from transcription.audio.decode import AudioError, decode_audio
+        from transcription.audio.decode import AudioError, Frontend, decode_audio
 
         params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine request closed")
         t0 = time.perf_counter()
         try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
-            decoded = decode_audio(audio, mono=not options.get("multichannel"))
+            decoded = decode_audio(audio, mono=not options.get("multichannel"),
+                                   frontend=Frontend.for_family(self.family))
         except AudioError as e:
             raise JobFailure(e.code, e.message) from e
         decode_s = time.perf_counter() - t0

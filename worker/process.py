@@ -71,7 +71,8 @@ class _Progress:
         if kind == "delta":
             bus.publish(self.job_id, {"type": "delta", "text": payload.get("text", "")})
         elif kind == "segment":
-            bus.publish(self.job_id, {"type": "segment", **{k: payload.get(k) for k in ("start", "end", "text")}})
+            bus.publish(self.job_id, {"type": "segment",
+                                      **{k: payload.get(k) for k in ("start", "end", "text", "speaker")}})
             if self.duration > 0:
                 progress = min(0.99, float(payload.get("end") or 0.0) / self.duration)
                 bus.publish(self.job_id, {"type": "progress", "progress": progress})

@@ -3,6 +3,8 @@
 ``/readyz`` answers 503 when the API cannot take a job (database, object store or broker down, or the
 in-process engine of embedded mode not ready). Engine servers (production) are reported under
 ``engine`` but do not make it 503: while they are down jobs are accepted and wait (status ``degraded``).
+An engine on random weights (``load_format=dummy``) is ready, and listed under ``random_weights`` with a
+line in ``warnings``.
 """
 
 from __future__ import annotations
@@ -38,17 +40,20 @@ def _checks(request: Request, services) -> dict[str, str]:
     return checks
 
 
-def _engine_servers(request: Request) -> str | None:
-    """``ok``, or which engine servers do not answer; None when there are none to ask (embedded)."""
+def _engine_servers(request: Request) -> tuple[str | None, list[str]]:
+    """(``ok``, or which engine servers do not answer, None when there are none to ask (embedded);
+    the engines, in-process or servers, that run random weights)."""
     from api.admin import engines
 
-    if getattr(request.app.state, "engine_ready", None) is not None:
-        return None
-    stats = engines.engine_stats(request.app)
-    if not stats:
-        return None
+    try:
+        stats = engines.engine_stats(request.app)
+    except Exception:  # noqa: BLE001 - an engine that cannot report is reported as down, never a 500
+        stats = {}
+    random = sorted(k for k, v in stats.items() if v and v.get("random_weights"))
+    if getattr(request.app.state, "engine_ready", None) is not None or not stats:
+        return None, random
     down = sorted(k for k, v in stats.items() if v is None)
-    return "ok" if not down else f"error: not answering: {', '.join(down)}"[:300]
+    return ("ok" if not down else f"error: not answering: {', '.join(down)}"[:300]), random
 
 
 @router.get("/readyz", summary="Readiness: database, object store, broker; engine (503 only when in-process)",
@@ -56,8 +61,13 @@ def _engine_servers(request: Request) -> str | None:
 async def readyz(request: Request, services: ServicesDep) -> JSONResponse:
     checks = await run_in_threadpool(_checks, request, services)
     ok = all(v == "ok" for v in checks.values())
-    engine = await run_in_threadpool(_engine_servers, request)
+    engine, random = await run_in_threadpool(_engine_servers, request)
     if engine is not None:
         checks["engine"] = engine
     status = "unavailable" if not ok else ("degraded" if engine not in (None, "ok") else "ok")
-    return JSONResponse({"status": status, "checks": checks}, status_code=200 if ok else 503)
+    body: dict = {"status": status, "checks": checks}
+    if random:  # ready, but a user must not mistake the output for a transcript
+        body["random_weights"] = random
+        body["warnings"] = [f"engine {k} runs random weights (load_format=dummy): its transcripts are noise"
+                            for k in random]
+    return JSONResponse(body, status_code=200 if ok else 503)

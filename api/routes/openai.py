@@ -5,8 +5,9 @@ The request becomes an ordinary job (same queue, limits, worker and engine), and
 ``response_format``: json (``{text, usage}``), text, srt, vtt, verbose_json, diarized_json. ``stream=true``
 answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta} while decoding,
 ``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
-as OpenAI does), then ``transcript.text.done`` {text}. Extra form fields (``num_speakers``,
-``min_speakers``, ``max_speakers``, ``task``) pass through; OpenAI-only fields we cannot honour are ignored.
+as OpenAI does; MOSS-TD's as each segment completes, the cascade's after diarization), then
+``transcript.text.done`` {text}. Extra form fields (``num_speakers``, ``min_speakers``, ``max_speakers``,
+``task``) pass through; OpenAI-only fields we cannot honour are ignored.
 A translation is a transcription with ``task=translate`` (multilingual Whisper only).
 """
 
@@ -79,10 +80,17 @@ def _sse(obj: dict) -> str:
 
 def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -> Iterator[str]:
     sent = []
+    live = 0  # transcript.text.segment events sent while the model decoded (MOSS-TD)
     for ev in events:
         if ev.get("type") == "delta" and ev.get("text"):
             sent.append(ev["text"])
             yield _sse({"type": "transcript.text.delta", "delta": ev["text"]})
+        elif ev.get("type") == "segment" and fmt == "diarized_json" and ev.get("text") and ev.get("speaker"):
+            # a segment that knows its speaker already (MOSS-TD's, as it completes)
+            yield _sse({"type": "transcript.text.segment", "id": f"seg_{live}", "start": ev.get("start"),
+                        "end": ev.get("end") if ev.get("end") is not None else ev.get("start"),
+                        "speaker": ev["speaker"], "text": ev["text"]})
+            live += 1
         elif ev.get("type") == "status" and ev.get("status") in ("completed", "failed", "canceled"):
             break
     job, t = _finished(services, job_id, iter(()))
@@ -93,7 +101,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
     if not sent and t.text:  # deltas missed (or none streamed): the client still gets the whole text
         yield _sse({"type": "transcript.text.delta", "delta": t.text})
     if fmt == "diarized_json":
-        for s in t.segments:
+        for s in t.segments[live:]:  # the rest, from the stored transcript
             yield _sse({"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
                         "speaker": s.speaker or "unknown", "text": s.text})
     yield _sse({"type": "transcript.text.done", "text": t.text})

@@ -17,7 +17,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE)")
     p.add_argument("--model", default=None, help="model family (default DIARIST_MODEL)")
-    p.add_argument("--model-path", default=None, help="checkpoint directory (default: bundled tiny.en)")
+    p.add_argument("--model-path", default=None, help="checkpoint directory (default DIARIST_MODEL_PATH; whisper: "
+                   "the bundled tiny.en; moss-td has none and refuses to start without one)")
+    p.add_argument("--load-format", default=None, choices=["auto", "ct2", "hf", "dummy"],
+                   help="checkpoint format (default DIARIST_LOAD_FORMAT, auto); dummy = random weights, whose "
+                   "transcripts are noise")
     p.set_defaults(func=run)
     return p
 
@@ -36,13 +40,16 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.engine_host, args.port or st.engine_port
     device = args.device or st.device
-    engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device))
+    engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
+                                     load_format=args.load_format))
     engine.start()
     app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}")
     c = engine.config
     print(f"Diarist engine ({device}, {c.dtype}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
           f"{'on' if c.async_decode else 'off'}) listening on http://{host}:{port}", flush=True)
+    if engine.random_weights:
+        print("warning: RANDOM weights (load_format=dummy): every transcript is noise", flush=True)
     for line in engine.fallbacks:
         print(f"warning: {line}", flush=True)
     try:

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     services.dispatcher = dispatcher
     engine = None
     if args.klass != "webhooks":
-        engine = engine_client(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s)
+        engine = engine_client(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s,
+                               family=st.model)  # decodes uploads as that family's official loader
     from worker.sweeper import Sweeper
 
     rt = Runtime(services=services, engine=engine, dispatcher=dispatcher)

@@ -34,6 +34,8 @@ class ForwardBatch:
         logits_indices: int64 ``[B]`` packed index of each sequence's last new token.
         input_embeds: optional float ``[T, hidden]`` that replaces the token embedding where
             ``embeds_mask`` (bool ``[T]``) is set (MOSS-TD audio positions).
+        token_rows: optional int64 ``[T]`` on the device, the ``req_to_token`` row of each token (0 for graph
+            padding); read by the checkpoint's logits rules (:mod:`engine.logits_rules`).
         num_decode_prefix: the first ``num_decode_prefix`` items decode an output token (one new token
             each, token ``i`` is item ``i``, no input embeddings); the scheduler puts decodes first, so a
             mixed step can run them as a decode graph and the rest as a prefill graph.
@@ -51,6 +53,7 @@ class ForwardBatch:
     input_embeds: torch.Tensor | None = None
     embeds_mask: torch.Tensor | None = None
     num_decode_prefix: int = 0
+    token_rows: torch.Tensor | None = None
 
     def split(self, k: int) -> tuple[ForwardBatch, ForwardBatch]:
         """Items ``:k`` and ``k:`` as two batches; the first ``k`` items must have one new token each and no
@@ -63,6 +66,7 @@ class ForwardBatch:
             req_rows=self.req_rows[:k], prefix_lens=self.prefix_lens[:k], extend_lens=self.extend_lens[:k],
             seq_lens=self.seq_lens[:k], qo_indptr=self.qo_indptr[: k + 1],
             logits_indices=self.logits_indices[:k], num_decode_prefix=k,
+            token_rows=None if self.token_rows is None else self.token_rows[:k],
         )
         tail = ForwardBatch(
             input_ids=self.input_ids[k:], positions=self.positions[k:], out_cache_loc=self.out_cache_loc[k:],
@@ -70,6 +74,7 @@ class ForwardBatch:
             seq_lens=self.seq_lens[k:], qo_indptr=self.qo_indptr[k:] - k, logits_indices=self.logits_indices[k:] - k,
             input_embeds=None if self.input_embeds is None else self.input_embeds[k:],
             embeds_mask=None if self.embeds_mask is None else self.embeds_mask[k:],
+            token_rows=None if self.token_rows is None else self.token_rows[k:],
         )
         return head, tail
 

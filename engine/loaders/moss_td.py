@@ -2,7 +2,8 @@
 
 HF directory: ``config.json`` (``text_config``, ``audio_config``, ``audio_token_id``, ...), weights in
 ``*.safetensors`` (one file, or shards listed by ``model.safetensors.index.json``), ``tokenizer.json``,
-optionally ``generation_config.json`` (EOS ids) and ``processor_config.json`` /
+optionally ``generation_config.json`` (EOS ids, repetition penalty, suppressed ids, output budget:
+:mod:`engine.generation_config`; fields we do not implement are refused) and ``processor_config.json`` /
 ``preprocessor_config.json`` (time-marker interval). Parameter names must be exactly the model's
 (683 tensors for the released checkpoint; ``lm_head.weight`` may be absent when tied).
 
@@ -14,19 +15,27 @@ dict (``text_config``/``audio_config`` overrides, plus ``init_std``), the tokeni
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig
+from engine.generation_config import read_generation_config
 from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
-from engine.models.moss_td_prompt import read_marker_interval
+from engine.models.moss_td_prompt import DEFAULT_MARKER_EVERY_S, read_chat_template, read_marker_interval
 from engine.tokenizer import TextTokenizer
+
+log = logging.getLogger("diarist.engine")
 
 ASSET_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "qwen3" / "moss_td_tokenizer.json"
 EOS_ID = 151645
+NO_CHECKPOINT = (
+    "moss-td needs its checkpoint: pass --model-path DIR (DIARIST_MODEL_PATH) with the released Hugging Face "
+    "folder; random weights only with an explicit --load-format dummy (DIARIST_LOAD_FORMAT=dummy), whose "
+    "transcripts are noise")
 
 # A tiny MOSS-TD for CPU runs of ``--load-format dummy`` (CI, smoke tests): real vocabulary, tokenizer,
 # prompt and audio path; 2 encoder layers of d 64, 2 decoder layers of hidden 64 (10 M parameters).
@@ -95,26 +104,78 @@ def _init_random(model: MossTDForConditionalGeneration, seed: int, std: float, d
                 p.normal_(0.0, std, generator=g)
 
 
-def _eos_ids(path: Path | None) -> tuple[int, ...]:
-    gen = path / "generation_config.json" if path else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id", EOS_ID)
-        return tuple(eos) if isinstance(eos, list) else (int(eos),)
-    return (EOS_ID,)
+# The audio frontend our mel implements (engine/models/mel.py): WhisperFeatureExtractor's settings.
+FEATURE_EXTRACTOR = {"sampling_rate": 16_000, "hop_length": 160, "n_fft": 400, "chunk_length": 30,
+                     "n_samples": 480_000, "nb_max_frames": 3000}
+
+
+def check_feature_extractor(path: Path | None, num_mel_bins: int) -> None:
+    """Refuse a folder whose ``preprocessor_config.json`` (or the ``feature_extractor`` entry of
+    ``processor_config.json``) states a frontend
+    other than ours: the mel would not be the one the weights were trained on. Absent keys are not checked.
+
+    Raises:
+        CheckpointError: a stated value differs (the message names the key and both values).
+    """
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        p = path / name if path is not None else None
+        if p is None or not p.is_file():
+            continue
+        data = json.loads(p.read_text())
+        fe = data.get("feature_extractor")  # a processor config nests its feature extractor's
+        fe = fe if isinstance(fe, dict) else (data if name == "preprocessor_config.json" else {})
+        want = {**FEATURE_EXTRACTOR, "feature_size": num_mel_bins}
+        bad = [f"{k}={fe[k]!r} (ours {v!r})" for k, v in want.items() if k in fe and fe[k] != v]
+        if fe.get("dither") not in (None, 0, 0.0):
+            bad.append(f"dither={fe['dither']!r} (ours 0)")
+        if bad:
+            raise CheckpointError(f"{p}: the feature extractor differs from the engine's Whisper frontend: "
+                                  f"{', '.join(bad)}")
+
+
+def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int, str]:
+    """The time-marker interval (seconds) and where it came from: ``setting`` (``EngineConfig.
+    marker_interval_s`` / ``DIARIST_MOSS_MARKER_INTERVAL_S``) wins, else the folder's processor config,
+    else the processor code's default (:data:`DEFAULT_MARKER_EVERY_S`), with a warning: a model trained
+    with another interval reads every timestamp wrong, and nothing else would show it.
+
+    Raises:
+        CheckpointError: a negative ``setting``.
+    """
+    stated = read_marker_interval(path)
+    if setting is not None:
+        if int(setting) < 0:
+            raise CheckpointError(f"marker interval must be >= 0 seconds (0: no markers), not {setting}")
+        if stated is not None and stated[0] != int(setting):
+            log.warning("MOSS-TD time markers every %d s (the setting), although %s in %s says %d s",
+                        int(setting), stated[1], path, stated[0])
+        return int(setting), "setting"
+    if stated is not None:
+        return stated
+    if path is not None:  # (random weights have no trained interval to get wrong)
+        log.warning("MOSS-TD: %s has no processor_config.json stating time_marker_every_seconds; using the "
+                    "processor code's default of %d s. The released checkpoint states its own (docs/moss_td.md): "
+                    "put the file in the folder or set DIARIST_MOSS_MARKER_INTERVAL_S", path,
+                    DEFAULT_MARKER_EVERY_S)
+    return DEFAULT_MARKER_EVERY_S, "default"
 
 
 def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     """Build MOSS-TD on ``cfg.device`` in ``cfg.dtype`` (``device="meta"`` builds shapes only).
 
+    ``load_format`` ``"auto"`` means ``"hf"``: random weights come only from an explicit ``"dummy"``
+    (``info["random_weights"]`` then says so).
+
     Raises:
-        CheckpointError: missing config/weights, wrong names or shapes. ValueError: unknown format.
+        CheckpointError: no ``model_path`` (and not ``"dummy"``), missing config/weights, wrong names or
+            shapes. ValueError: unknown format.
     """
     path = Path(cfg.model_path) if cfg.model_path else None
-    fmt = cfg.load_format
-    if fmt == "auto":
-        fmt = "hf" if path is not None else "dummy"
+    fmt = "hf" if cfg.load_format == "auto" else cfg.load_format
     if fmt == "hf":
-        if path is None or not (path / "config.json").is_file():
+        if path is None:  # never fall back to random weights silently: their transcripts are noise
+            raise CheckpointError(NO_CHECKPOINT)
+        if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (MOSS-TD needs a local Hugging Face directory)")
         conf = json.loads((path / "config.json").read_text())
     elif fmt == "dummy":
@@ -122,6 +183,13 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     else:
         raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
     mcfg = MossTDConfig.from_dict(conf)
+    marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
+    check_feature_extractor(path, mcfg.audio.num_mel_bins)
+    rules = read_generation_config(path, (EOS_ID,))  # before the weights: a refused field fails fast
+    try:
+        template = read_chat_template(path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
     device = torch.device(cfg.device)
     with torch.device("meta"):
         model = MossTDForConditionalGeneration(mcfg)
@@ -141,9 +209,13 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         tok_file = path / "tokenizer.json"
     info = {
         "family": "moss-td", "path": str(path) if path else None, "format": fmt, "config": conf,
-        "name": path.name if path is not None else "moss-td-dummy",
-        "marker_every_s": read_marker_interval(path),
-        "eos_token_ids": _eos_ids(path),
+        "name": path.name if path is not None and fmt != "dummy" else "moss-td-dummy",
+        "random_weights": fmt == "dummy",
+        "marker_every_s": marker,
+        "marker_source": marker_source,
+        "eos_token_ids": rules.eos_token_ids,
+        "greedy_rules": rules,
+        "chat_template": template,  # None: the built-in format (engine.models.moss_td_prompt.render_chat)
         "audio_token_id": mcfg.audio_token_id,
     }
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_file), info=info)

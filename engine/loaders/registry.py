@@ -86,6 +86,7 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
     tok_path = path / "tokenizer.json" if (path / "tokenizer.json").is_file() else bundled_whisper_dir() / "tokenizer.json"
     return LoadedModel(model=model, tokenizer=TextTokenizer(tok_path),
                        info={"family": "whisper", "path": str(path), "format": fmt, "config": conf,
+                             "random_weights": fmt == "dummy",
                              "name": f"whisper-{packaged.name}" if packaged is not None else path.name})
 
 

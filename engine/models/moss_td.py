@@ -27,6 +27,11 @@ from engine.models.whisper import WhisperConfig, WhisperEncoder
 from engine.ops.linear import UsesLinearKernels, linear
 
 AUDIO_TOKEN_ID = 151671
+OFFICIAL_CONTEXT = 131_072
+"""Positions the official code allows: the processor's ``max_length`` (OpenMOSS ``prepare_inputs``) refuses
+longer prompts, and nothing else bounds them (1-D RoPE has no position table, so a config's smaller
+``max_position_embeddings``, e.g. the code default 40,960, limits nothing there). Our KV table is sized to it
+and it bounds prompt + output here (the official ``generate`` could decode past it)."""
 
 
 def whisper_medium_encoder_config() -> WhisperConfig:
@@ -98,6 +103,9 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
         self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.text.vocab_size, bias=False)
         if cfg.text.tie_word_embeddings:
             self.lm_head.weight = self.model.language_model.embed_tokens.weight
+        # The checkpoint's generation rules (engine.logits_rules.GreedyLogitsRules), installed by the engine
+        # once its req_to_token rows exist; applied inside forward, so eager steps and every graph see them.
+        self.logits_rules = None
 
     # -- audio -------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -159,6 +167,8 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
         Raises:
             ValueError: the prompt's ``<|audio_pad|>`` count differs from the audio's token count.
         """
+        if self.logits_rules is not None:  # a new owner of a row starts with no history
+            self.logits_rules.reset([s.row for s in seqs if s.row is not None])
         todo = [s for s in seqs if "audio" in s.mm_inputs]
         waves = [torch.as_tensor(s.mm_inputs.pop("audio")).flatten() for s in todo]
         for seq, emb in zip(todo, self.audio_embeddings(waves), strict=True):
@@ -182,10 +192,12 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Logits float32 ``[B, vocab]`` at ``batch.logits_indices``; audio embeddings come in through
+        """Logits float32 ``[B, vocab]`` at ``batch.logits_indices`` after the checkpoint's generation rules
+        (``logits_rules``: repetition penalty, suppressed ids); audio embeddings come in through
         ``batch.input_embeds`` / ``batch.embeds_mask``."""
         h = self.model.language_model(batch, attn)
-        return linear(h[batch.logits_indices], self.lm_head.weight, self.linear_kernels).float()
+        logits = linear(h[batch.logits_indices], self.lm_head.weight, self.linear_kernels).float()
+        return logits if self.logits_rules is None else self.logits_rules(batch, logits)
 
     def kv_layout(self) -> tuple[int, int, int]:
         """(layers, kv heads, head_dim) of the decoder's KV pool (0.91 B: 28, 8, 128 = 112 KiB/token bf16)."""
@@ -198,7 +210,8 @@ class MossTDForConditionalGeneration(nn.Module, UsesLinearKernels):
 
     @property
     def max_context(self) -> int:
-        return self.config.text.max_position_embeddings
+        """:data:`OFFICIAL_CONTEXT` (131,072), whatever the config's ``max_position_embeddings`` says."""
+        return OFFICIAL_CONTEXT
 
     @property
     def hidden_size(self) -> int:

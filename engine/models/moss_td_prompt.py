@@ -75,11 +75,92 @@ def audio_span_ids(num_audio: int, audio_id: int, digit_ids: list[int], every_s:
     return out
 
 
-def render_chat(instruction: str | None = None) -> str:
-    """The rendered ChatML string with one ``<|audio_pad|>``; an empty instruction uses the default."""
+class ChatTemplate:
+    """A checkpoint's Jinja chat template, rendered as Hugging Face ``apply_chat_template`` renders it
+    (sandboxed environment with ``trim_blocks``/``lstrip_blocks``, loop controls, ``tojson``,
+    ``raise_exception``) for the official message (OpenMOSS ``build_transcription_messages``): one user turn
+    holding the audio item, then the instruction, with the generation prompt.
+
+    Args:
+        text: the Jinja source. source: where it came from (a file name), for stats and errors.
+
+    Raises:
+        ValueError: the template does not compile, fails to render, or does not give exactly one
+            ``<|audio_pad|>``.
+    """
+
+    def __init__(self, text: str, source: str) -> None:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[jinja2.ext.loopcontrols])
+        env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = raise_exception
+        self.text, self.source = text, source
+        try:
+            self._template = env.from_string(text)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"{source}: the chat template does not compile: {e}") from None
+        self.render(None)  # fails at load, not on the first request
+
+    def render(self, instruction: str | None) -> str:
+        """The rendered string with one ``<|audio_pad|>``; an empty instruction uses the default."""
+        import jinja2
+
+        text = (instruction or "").strip() or DEFAULT_INSTRUCTION
+        messages = [{"role": "user", "content": [{"type": "audio", "audio": "audio"}, {"type": "text", "text": text}]}]
+        try:
+            out = self._template.render(messages=messages, add_generation_prompt=True)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"{self.source}: the chat template failed to render: {e}") from None
+        if out.count(AUDIO_PAD) != 1:
+            raise ValueError(f"{self.source}: the chat template renders {out.count(AUDIO_PAD)} {AUDIO_PAD} "
+                             f"placeholders for one audio item (expected 1)")
+        return out
+
+
+def render_chat(instruction: str | None = None, template: ChatTemplate | None = None) -> str:
+    """The rendered chat string with one ``<|audio_pad|>``; an empty instruction uses the default.
+    ``template``: the checkpoint's (:class:`ChatTemplate`); ``None`` renders the released format built in."""
+    if template is not None:
+        return template.render(instruction)
     text = (instruction or "").strip() or DEFAULT_INSTRUCTION
     return (f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
             f"<|audio_start|>{AUDIO_PAD}<|audio_end|>\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "processor_config.json", "tokenizer_config.json")
+"""Where a folder's chat template is looked for, first found wins (the processor's own files first, as
+``ProcessorMixin.from_pretrained`` loads them; the tokenizer's template last)."""
+
+
+def read_chat_template(model_dir: str | Path | None) -> ChatTemplate | None:
+    """The folder's chat template (:data:`TEMPLATE_FILES`: a ``.jinja`` file, or a ``chat_template`` string
+    in a JSON file), or ``None`` when there is none (the built-in format is then used).
+
+    Raises:
+        ValueError: a template that does not compile or render one audio placeholder; unreadable JSON.
+    """
+    if model_dir is None:
+        return None
+    for name in TEMPLATE_FILES:
+        p = Path(model_dir) / name
+        if not p.is_file():
+            continue
+        if name.endswith(".jinja"):
+            return ChatTemplate(p.read_text(), name)
+        try:
+            value = json.loads(p.read_text()).get("chat_template")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{p}: not a JSON object: {e}") from None
+        if isinstance(value, str) and value.strip():
+            return ChatTemplate(value, name)
+    return None
 
 
 @dataclass
@@ -92,8 +173,10 @@ class MossPrompt:
 
 
 def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
-                 marker_every_s: int | None = DEFAULT_MARKER_EVERY_S) -> MossPrompt:
-    """Prompt ids for a recording of ``num_samples`` 16 kHz samples.
+                 marker_every_s: int | None = DEFAULT_MARKER_EVERY_S,
+                 template: ChatTemplate | None = None) -> MossPrompt:
+    """Prompt ids for a recording of ``num_samples`` 16 kHz samples (``template``: the checkpoint's chat
+    template, ``None`` for the built-in one).
 
     ``tokenizer`` needs ``encode(text) -> ids`` (no special-token insertion; ChatML tokens are added tokens)
     and ``token_to_id``. Raises ValueError when a digit is not one token or ``<|audio_pad|>`` is unknown.
@@ -107,7 +190,7 @@ def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
         if len(ids) != 1:
             raise ValueError(f"digit {d!r} is not a single token: {ids}")
         digits.append(ids[0])
-    before, after = render_chat(instruction).split(AUDIO_PAD)
+    before, after = render_chat(instruction, template).split(AUDIO_PAD)
     counts = window_token_counts(num_samples)
     n = sum(counts)
     span = audio_span_ids(n, audio_id, digits, marker_every_s)
@@ -115,13 +198,15 @@ def build_prompt(tokenizer, num_samples: int, instruction: str | None = None,
     return MossPrompt(ids=ids, num_audio=n, window_tokens=counts)
 
 
-def read_marker_interval(model_dir: str | Path | None) -> int:
-    """Time-marker interval (seconds) from the checkpoint's ``processor_config.json`` or
-    ``preprocessor_config.json`` (key ``time_marker_every_seconds``, top level or one level down);
-    0 when ``enable_time_marker`` is false; :data:`DEFAULT_MARKER_EVERY_S` (the processor code's default)
-    when absent."""
+def read_marker_interval(model_dir: str | Path | None) -> tuple[int, str] | None:
+    """Time-marker interval (seconds) the checkpoint folder states, with the file that states it, or
+    ``None`` when no file does (then the caller decides, loudly: :func:`engine.loaders.moss_td.load_moss_td`).
+
+    Read from ``processor_config.json`` or ``preprocessor_config.json`` (key ``time_marker_every_seconds``,
+    top level or one level down); ``enable_time_marker: false`` gives 0 (no markers).
+    """
     if model_dir is None:
-        return DEFAULT_MARKER_EVERY_S
+        return None
     for name in ("processor_config.json", "preprocessor_config.json"):
         p = Path(model_dir) / name
         if not p.is_file():
@@ -129,7 +214,7 @@ def read_marker_interval(model_dir: str | Path | None) -> int:
         data = json.loads(p.read_text())
         for d in [data, *(v for v in data.values() if isinstance(v, dict))]:
             if d.get("enable_time_marker") is False:
-                return 0
+                return 0, name
             if "time_marker_every_seconds" in d:
-                return int(d["time_marker_every_seconds"])
-    return DEFAULT_MARKER_EVERY_S
+                return int(d["time_marker_every_seconds"]), name
+    return None

@@ -161,3 +161,4 @@ def test_oversized_json_request_is_413(client):
     r = client.post("/v1/jobs", content=b'{"audio_url": "' + b"a" * (70 << 10) + b'"}',
                     headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+

@@ -50,3 +50,27 @@ def test_broker_down_is_unavailable(tmp_path):
         svc.close()
     assert r.status_code == 503 and r.json()["status"] == "unavailable"
     assert r.json()["checks"]["broker"].startswith("error: ConnectionError")
+
+
+def test_random_weights_are_reported(tmp_path):
+    """An engine on random weights is ready (it answers), but /readyz names it and warns."""
+    svc, app = app_for(tmp_path)
+    app.state.engine_stats = lambda: {"e1": {"random_weights": True}, "e2": {"random_weights": False}}
+    try:
+        with TestClient(app) as c:
+            body = c.get("/readyz").json()
+    finally:
+        svc.close()
+    assert body["random_weights"] == ["e1"]
+    assert body["warnings"] == ["engine e1 runs random weights (load_format=dummy): its transcripts are noise"]
+
+
+def test_real_weights_give_no_warning(tmp_path):
+    svc, app = app_for(tmp_path)
+    app.state.engine_stats = lambda: {"e1": {"random_weights": False}}
+    try:
+        with TestClient(app) as c:
+            body = c.get("/readyz").json()
+    finally:
+        svc.close()
+    assert "warnings" not in body and "random_weights" not in body and body["status"] == "ok"

@@ -7,7 +7,8 @@ which decodes uploads, does not load torch.
 
 from engine.models.audio_input import SAMPLE_RATE
 
-__all__ = ["SAMPLE_RATE", "AudioError", "DecodedAudio", "decode_audio", "log_mel_spectrogram", "probe_duration"]
+__all__ = ["SAMPLE_RATE", "AudioError", "DecodedAudio", "Frontend", "decode_audio", "log_mel_spectrogram",
+           "probe_duration"]
 
 
 def __getattr__(name: str):
@@ -15,7 +16,7 @@ def __getattr__(name: str):
         from engine.models.mel import log_mel_spectrogram
 
         return log_mel_spectrogram
-    if name in ("AudioError", "DecodedAudio", "decode_audio", "probe_duration"):
+    if name in ("AudioError", "DecodedAudio", "Frontend", "decode_audio", "probe_duration"):
         from transcription.audio import decode
 
         return getattr(decode, name)

@@ -1,11 +1,17 @@
-"""Decode any container FFmpeg reads (through PyAV) to 16 kHz float32 PCM."""
+"""Decode any container FFmpeg reads (through PyAV) to 16 kHz float32 PCM.
+
+How channels are mixed and the rate converted is the model family's own loader (:class:`Frontend`): a model
+hears what it was trained and evaluated on, and MOSS-TD's official loader differs from FFmpeg's defaults.
+"""
 
 from __future__ import annotations
 
 import io
+import math
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
@@ -89,6 +95,42 @@ class DecodedAudio:
 Source = str | Path | bytes | BinaryIO
 
 
+class Frontend(str, Enum):
+    """How :func:`decode_audio` mixes channels and converts the rate.
+
+    ``ffmpeg``: FFmpeg's downmix matrix and resampler (libswresample), as ``ffmpeg -ac 1 -ar 16000`` in
+    openai-whisper's loader. Its stereo-to-mono matrix gives (L+R)/sqrt(2), 3 dB above the average.
+
+    ``librosa``: decode at the source rate, average the channels, resample each with soxr ``soxr_hq`` and
+    pad/trim to ``ceil(n * 16000 / rate)`` samples, no clipping: ``librosa.load`` and
+    ``transformers.audio_utils.load_audio`` (soundfile backend), which the official MOSS-TD code
+    (OpenMOSS ``inference_utils.load_audio_item``) reads every non-video file with.
+    """
+
+    FFMPEG = "ffmpeg"
+    LIBROSA = "librosa"
+
+    @classmethod
+    def for_family(cls, family: str) -> Frontend:
+        """The frontend of a model family's official loader: ``ffmpeg`` for ``whisper``, ``librosa`` for
+        ``moss-td``. Whoever decodes for an engine (the transcriber, a worker) asks here."""
+        return cls.FFMPEG if family == "whisper" else cls.LIBROSA
+
+
+def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
+    """``[channels, n]`` float32 at ``rate`` -> ``[channels, ceil(n * 16000 / rate)]`` (soxr ``soxr_hq``)."""
+    import soxr
+
+    if rate == SAMPLE_RATE:
+        return samples
+    n = math.ceil(samples.shape[1] * SAMPLE_RATE / rate)
+    out = np.zeros((samples.shape[0], n), dtype=np.float32)
+    for c, x in enumerate(samples):
+        y = soxr.resample(np.ascontiguousarray(x), rate, SAMPLE_RATE, quality="soxr_hq")[:n]
+        out[c, : len(y)] = y
+    return out
+
+
 def _open(source: Source) -> av.container.InputContainer:
     if isinstance(source, bytes):
         source = io.BytesIO(source)
@@ -100,30 +142,36 @@ def _open(source: Source) -> av.container.InputContainer:
         raise AudioError("decode_failed", f"could not open the input as a media file: {e}") from None
 
 
-def decode_audio(source: Source, mono: bool = True) -> DecodedAudio:
+def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Frontend.FFMPEG) -> DecodedAudio:
     """Decode the first audio stream of ``source`` and resample to 16 kHz float32.
 
     Args:
         source: a path, bytes, or a binary file object.
-        mono: downmix to one channel (FFmpeg's mixing matrix); else keep every channel.
+        mono: downmix to one channel (as ``frontend`` mixes); else keep every channel.
+        frontend: the channel mixing and rate conversion (:class:`Frontend`).
     Raises:
         AudioError: ``decode_failed``, ``no_audio_stream`` or ``empty_audio`` (see :class:`AudioError`).
     """
     if (fast := _pcm16_wav(source)) is not None:
-        return fast
+        return fast  # 16 kHz mono: no mixing, no rate change, the same samples for every frontend
+    ffmpeg = Frontend(frontend) is Frontend.FFMPEG
     with _open(source) as container:
         streams = container.streams.audio
         if not streams:
             raise AudioError("no_audio_stream", "the file has no audio stream")
         stream = streams[0]
         channels = stream.codec_context.channels or 1
-        layout = "mono" if mono or channels == 1 else None
+        layout = "mono" if ffmpeg and (mono or channels == 1) else None
         chunks: list[np.ndarray] = []
+        rate = stream.codec_context.sample_rate or None
         try:
-            resampler = av.AudioResampler(format="fltp", layout=layout or stream.layout, rate=SAMPLE_RATE)
+            # librosa: no FFmpeg mixing or rate change, only the conversion to planar float
+            resampler = av.AudioResampler(format="fltp", layout=layout or stream.layout,
+                                          rate=SAMPLE_RATE if ffmpeg else rate)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray())
+                    rate = rate or out.sample_rate
             for out in resampler.resample(None):
                 chunks.append(out.to_ndarray())
         except (av.error.FFmpegError, ValueError) as e:
@@ -133,8 +181,14 @@ def decode_audio(source: Source, mono: bool = True) -> DecodedAudio:
         samples = np.concatenate(chunks, axis=1).astype(np.float32) if chunks else np.zeros((1, 0), np.float32)
         if samples.shape[1] == 0:
             raise AudioError("empty_audio", "the file contains no audio samples")
+        if ffmpeg:
+            samples = np.clip(samples, -1.0, 1.0)
+        else:
+            if mono and samples.shape[0] > 1:
+                samples = samples.mean(axis=0, keepdims=True)
+            samples = _soxr_16k(samples, int(rate or SAMPLE_RATE))
         return DecodedAudio(
-            samples=np.ascontiguousarray(np.clip(samples, -1.0, 1.0)),
+            samples=np.ascontiguousarray(samples),
             source_sample_rate=stream.codec_context.sample_rate or SAMPLE_RATE,
             source_channels=channels,
             codec=stream.codec_context.name,

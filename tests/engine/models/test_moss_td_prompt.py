@@ -105,14 +105,14 @@ def test_default_instruction_when_none_or_blank(tok):
 
 
 def test_marker_interval_read_from_processor_config(tmp_path):
-    assert read_marker_interval(None) == 2
-    assert read_marker_interval(tmp_path) == 2  # no file: the processor code's default
+    assert read_marker_interval(None) is None
+    assert read_marker_interval(tmp_path) is None  # no file: nothing stated (the loader warns and decides)
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({"feature_size": 80}))
-    assert read_marker_interval(tmp_path) == 2
+    assert read_marker_interval(tmp_path) is None
     (tmp_path / "processor_config.json").write_text(json.dumps({"time_marker_every_seconds": 5}))
-    assert read_marker_interval(tmp_path) == 5
+    assert read_marker_interval(tmp_path) == (5, "processor_config.json")
     (tmp_path / "processor_config.json").write_text(
         json.dumps({"processor": {"time_marker_every_seconds": 3}}))
-    assert read_marker_interval(tmp_path) == 3
+    assert read_marker_interval(tmp_path) == (3, "processor_config.json")
     (tmp_path / "processor_config.json").write_text(json.dumps({"enable_time_marker": False}))
-    assert read_marker_interval(tmp_path) == 0
+    assert read_marker_interval(tmp_path) == (0, "processor_config.json")
