@@ -35,7 +35,7 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from api import errors
 from api.errors import ApiError
@@ -177,10 +177,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         language: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
         response_format: Annotated[str, Form()] = "json", stream_: Annotated[bool, Form(alias="stream")] = False,
     ) -> Response:
-        from diarist.formats import render
+        from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
         from diarist.transcript import Transcript
 
-        if response_format not in ("json", "text", "srt", "vtt", "verbose_json", "diarized_json"):
+        if response_format not in OPENAI_FORMATS:
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")
         os.close(fd)
@@ -195,8 +195,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
                     if ev["type"] == "delta":
                         yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': ev['text']})}\n\n"
                     elif ev["type"] == "result":
-                        text = Transcript.from_engine(ev["result"]).text
-                        yield f"data: {json.dumps({'type': 'transcript.text.done', 'text': text})}\n\n"
+                        done = openai_done_event(Transcript.from_engine(ev["result"]))
+                        yield f"data: {json.dumps(done, ensure_ascii=False)}\n\n"
                     elif ev["type"] == "error":
                         yield f"data: {json.dumps({'type': 'error', 'error': ev})}\n\n"
 
@@ -210,11 +210,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             watcher.cancel()
             cancel.set()
             Path(name).unlink(missing_ok=True)
-        t = Transcript.from_engine(result)
-        if response_format == "json":
-            return JSONResponse({"text": t.text, "usage": {"type": "duration", "seconds": t.duration}})
-        content, media_type = render(t, response_format)
-        return Response(content, media_type=media_type)
+        content, media_type, headers = render_openai(Transcript.from_engine(result), response_format)
+        return Response(content, media_type=media_type, headers=headers)
 
     async def _read_pcm(request: Request, header: str) -> DecodedAudio:
         """The decoded audio a worker sent (:class:`diarist.engine_wire.PcmFormat`), checked against its header."""

@@ -13,6 +13,14 @@ Formats (``render(transcript, fmt)`` names, media type, source of the format):
 - ``verbose_json`` / ``diarized_json``: OpenAI ``/v1/audio/transcriptions`` response
   shapes (see docs/api_conventions.md §1.6).
 
+The OpenAI-compatible route (the API's and the engine server's) renders with :func:`render_openai`:
+its ``json`` is OpenAI's ``{text, usage}``. Every OpenAI shape that is JSON (``json``, ``verbose_json``,
+``diarized_json``, and the stream's final ``transcript.text.done`` event, :func:`openai_done_event`)
+carries our completeness as extra fields (:func:`completeness_fields`: ``finish_reason``,
+``incomplete``, ``incomplete_reason``, ``coverage``, ``warnings``); OpenAI clients ignore fields they
+do not know. Text shapes (``text``, ``srt``, ``vtt``) carry them as response headers
+(:func:`completeness_headers`).
+
 Times are seconds everywhere. Segments whose speaker is unknown (``None``) are written
 without a speaker in txt/srt/vtt and as ``unknown`` where a label is mandatory (RTTM,
 diarized_json). Nothing here imports torch or the engine.
@@ -137,7 +145,7 @@ def to_verbose_json(t: Transcript) -> str:
     token ids or per-segment quality scores, so ``tokens`` is ``[]`` and the three
     scores are ``null`` (as vLLM does). ``language`` is our ISO code (OpenAI writes the
     English name), ``""`` when unknown. ``words`` is present when every segment has
-    word timestamps.
+    word timestamps. :func:`completeness_fields` are added at the top level.
     """
     body: dict = {
         "task": t.task,
@@ -155,7 +163,36 @@ def to_verbose_json(t: Transcript) -> str:
         body["words"] = [{"word": w.word, "start": w.start, "end": w.end}
                          for s in t.segments for w in s.words or []]
     body["usage"] = {"type": "duration", "seconds": t.duration}
+    body.update(completeness_fields(t))
     return json.dumps(body, ensure_ascii=False)
+
+
+def completeness_fields(t: Transcript) -> dict:
+    """Our extra fields in OpenAI JSON shapes: ``finish_reason`` (why decoding ended), ``incomplete`` (the
+    transcript may miss speech) and ``incomplete_reason``, ``coverage`` (transcribed / detected speech,
+    :mod:`diarist.completeness`), ``warnings`` ([{code, message, count}])."""
+    return {"finish_reason": t.finish_reason, "incomplete": t.incomplete, "incomplete_reason": t.incomplete_reason,
+            "coverage": t.coverage, "warnings": [w.model_dump() for w in t.warnings]}
+
+
+def completeness_headers(t: Transcript) -> dict[str, str]:
+    """The same facts as HTTP headers, for shapes that are not JSON: ``X-Diarist-Finish-Reason``,
+    ``X-Diarist-Incomplete`` (``true``/``false``), ``X-Diarist-Coverage`` (absent when unknown)."""
+    h = {"X-Diarist-Finish-Reason": t.finish_reason, "X-Diarist-Incomplete": "true" if t.incomplete else "false"}
+    if t.coverage is not None:
+        h["X-Diarist-Coverage"] = f"{t.coverage:.4f}"
+    return h
+
+
+def to_openai_json(t: Transcript) -> str:
+    """OpenAI ``json``: ``{text, usage: {type: "duration", seconds}}`` plus :func:`completeness_fields`."""
+    return json.dumps({"text": t.text, "usage": {"type": "duration", "seconds": t.duration},
+                       **completeness_fields(t)}, ensure_ascii=False)
+
+
+def openai_done_event(t: Transcript) -> dict:
+    """The stream's final event: ``{type: "transcript.text.done", text}`` plus :func:`completeness_fields`."""
+    return {"type": "transcript.text.done", "text": t.text, **completeness_fields(t)}
 
 
 def to_diarized_json(t: Transcript) -> str:
@@ -163,7 +200,8 @@ def to_diarized_json(t: Transcript) -> str:
 
     Each segment is ``{type: "transcript.text.segment", id: "seg_<n>", start, end,
     speaker, text}``; our labels (``S01``...) replace OpenAI's ``A``, ``B``...; unknown
-    speakers are ``unknown``. ``usage`` is ``{type: "duration", seconds}``.
+    speakers are ``unknown``. ``usage`` is ``{type: "duration", seconds}``. :func:`completeness_fields`
+    are added at the top level.
     """
     body = {
         "task": "transcribe",
@@ -175,6 +213,7 @@ def to_diarized_json(t: Transcript) -> str:
             for s in t.segments
         ],
         "usage": {"type": "duration", "seconds": t.duration},
+        **completeness_fields(t),
     }
     return json.dumps(body, ensure_ascii=False)
 
@@ -206,3 +245,23 @@ def render(transcript: Transcript, fmt: str, *, file_id: str | None = None) -> t
     if key == "rttm" and file_id:
         return to_rttm(transcript, file_id), media_type
     return fn(transcript), media_type
+
+
+OPENAI_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
+"""``response_format`` values of the OpenAI-compatible route."""
+
+
+def render_openai(transcript: Transcript, fmt: str) -> tuple[str, str, dict[str, str]]:
+    """Render for the OpenAI-compatible route; returns ``(body, media_type, headers)``.
+
+    ``fmt`` is one of :data:`OPENAI_FORMATS`; ``json`` is OpenAI's (:func:`to_openai_json`), the others
+    are :func:`render`'s. ``headers`` are :func:`completeness_headers` (sent with every shape). Raises
+    ``ValueError`` for another ``fmt``.
+    """
+    if fmt not in OPENAI_FORMATS:
+        raise ValueError(f"unsupported response_format {fmt!r}; supported: {', '.join(OPENAI_FORMATS)}")
+    if fmt == "json":
+        body, media_type = to_openai_json(transcript), "application/json"
+    else:
+        body, media_type = render(transcript, fmt)
+    return body, media_type, completeness_headers(transcript)

@@ -9,7 +9,8 @@ normalised once, in :meth:`Transcript.from_engine`, so that every exporter in
   speaker's previous segment);
 - speakers relabelled ``S01``, ``S02``, ... in order of first appearance over the whole
   recording (never restarted per window), ``None`` kept for "speaker unknown";
-- ``coverage`` = last segment end / duration, so a truncated decode is visible;
+- ``coverage`` = transcribed speech / detected speech and ``incomplete`` with its reason, both from
+  :func:`diarist.completeness.assess` (the pipeline applies the same rule), so a truncated decode is visible;
 - times rounded to the millisecond (rounding is monotonic, so the invariants above survive it), which
   every export format can represent and no alignment method resolves better.
 
@@ -25,6 +26,8 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from diarist.completeness import assess
 
 FinishReason = Literal["stop", "length", "repetition", "abort", "error"]
 
@@ -77,6 +80,16 @@ class SpeakerTurn(BaseModel):
     end: float = Field(ge=0, description="seconds")
 
 
+class ResultWarning(BaseModel):
+    """Something about the input or the run that the transcript's reader should know, though the job
+    completed: ``code`` (stable machine code, e.g. ``invalid_samples``), ``message`` (for people),
+    ``count`` (how many times it happened, when countable)."""
+
+    code: str
+    message: str
+    count: int | None = None
+
+
 class Transcript(BaseModel):
     """A speaker-attributed, time-stamped transcript of one recording.
 
@@ -86,16 +99,17 @@ class Transcript(BaseModel):
     unknown), ``task`` (``transcribe``, or ``translate``: the text is English whatever ``language`` is),
     ``model`` (name of the model that produced it), ``speakers`` (labels in order of
     first appearance), ``segments``, ``finish_reason`` (why decoding ended; anything but
-    ``stop`` means the transcript may be cut short), ``coverage`` (last segment end /
-    duration, in [0, 1]; ``None`` for zero-length audio), ``no_speech`` (no speech was
-    found), ``incomplete``/``incomplete_reason`` (set when ``finish_reason`` is not
-    ``stop``), ``speaker_names`` (label -> original name for labels that came from
+    ``stop`` means the transcript may be cut short), ``coverage`` (transcribed speech /
+    detected speech in [0, 1], :mod:`diarist.completeness`; ``None`` when the result carries no
+    speech detection), ``no_speech`` (no speech was found), ``incomplete``/``incomplete_reason``
+    (the transcript may miss speech, and why: :func:`diarist.completeness.assess`), ``speaker_names`` (label -> original name for labels that came from
     named sources such as channels; ``None`` otherwise), ``turns`` (who spoke when, from the
     diarization cascade; ``None`` when the model gives speakers only through its segments, as
     MOSS-TD does, or for multichannel jobs). RTTM export and DER use the turns when present.
     ``speakers`` lists the segments' speakers first, then any speaker that has turns but no words.
     ``random_weights``: the engine ran random (``load_format=dummy``) weights, so the text is noise.
     ``marker_interval_s``: the MOSS-TD time-marker interval (seconds) its prompt used; ``None`` for Whisper.
+    ``warnings``: :class:`ResultWarning` items (e.g. NaN samples replaced, :mod:`diarist.pcm`).
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -117,6 +131,7 @@ class Transcript(BaseModel):
     turns: list[SpeakerTurn] | None = None
     random_weights: bool = False
     marker_interval_s: float | None = None
+    warnings: list[ResultWarning] = Field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -199,13 +214,10 @@ class Transcript(BaseModel):
         duration = _ms(duration)
         finish = result.get("finish_reason") or "stop"
         finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
-        if segments and duration > 0:
-            coverage = min(1.0, max(s.end for s in segments) / duration)
-        else:
-            coverage = 0.0 if duration > 0 else None
+        verdict = assess({**result, "finish_reason": finish, "segments": [s.model_dump() for s in segments]})
+        coverage = None if verdict.coverage is None else round(verdict.coverage, 4)
         no_speech = bool(result.get("no_speech")) or (not segments and finish == "stop")
-        incomplete = bool(result.get("incomplete")) or finish != "stop"
-        reason = result.get("incomplete_reason") or (_REASONS.get(finish) if incomplete else None)
+        incomplete, reason = verdict.incomplete, verdict.reason
         return cls(
             duration=duration, language=result.get("language") or None,
             language_source=result.get("language_source") or None,
@@ -217,15 +229,8 @@ class Transcript(BaseModel):
             incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None, turns=turns,
             random_weights=bool(result.get("random_weights")),
             marker_interval_s=_finite(result.get("marker_interval_s")),
+            warnings=[ResultWarning.model_validate(w) for w in result.get("warnings") or [] if isinstance(w, dict)],
         )
-
-
-_REASONS = {
-    "length": "the output token budget ran out before the end of the audio",
-    "repetition": "decoding was stopped by the repetition guard",
-    "abort": "the request was aborted",
-    "error": "the engine failed while decoding",
-}
 
 
 def _finite(value: Any) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from diarist.completeness import assess
 from engine.engine import Engine
 from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
@@ -130,7 +131,8 @@ class Transcriber:
             A JSON-able dict: ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
             (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
             ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
-            text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
+            text, words?}], ``finish_reason``, ``speech`` (detected speech ``[[start, end], ...]``),
+            ``coverage`` / ``incomplete`` / ``incomplete_reason`` (:mod:`diarist.completeness`), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
         ``should_cancel`` is polled before the windows are submitted, while the engine works and inside
@@ -168,6 +170,10 @@ class Transcriber:
             result["model"] = self.engine.loaded.info.get("name")
             result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
             result["family"] = "moss-td"
+            if result["finish_reason"] != FinishReason.ABORT.value:  # coverage compares with detected speech
+                t_vad = time.perf_counter()
+                result["speech"] = [[s, e] for s, e in self._speech(audio.mono)]
+                result["metrics"]["vad_s"] = time.perf_counter() - t_vad
         elif opts.multichannel and audio.samples.shape[0] > 1:
             result = self._multichannel(audio.samples, opts, should_cancel)
         else:
@@ -179,7 +185,7 @@ class Transcriber:
         result.setdefault("duration", audio.duration)
         if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
             result["random_weights"] = True
-        _mark_completeness(result)
+        result.update(assess(result).fields())
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
         return result
@@ -207,7 +213,8 @@ class Transcriber:
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
             choice = self.languages.choose(opts.language, opts.task, lambda: None)
-            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice)
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice,
+                                  speech=speech)
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
@@ -232,7 +239,8 @@ class Transcriber:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
-        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice)
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice,
+                              speech=speech)
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
@@ -376,8 +384,9 @@ class Transcriber:
         found = next((r for r in results if r["language"] is not None), results[0])
         choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
                                 found["task"])
+        speech = [tuple(sp) for r in results for sp in r["speech"]]  # coverage over every channel's speech
         return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
-                            language=choice)
+                            language=choice, speech=speech)
 
     # -- result ------------------------------------------------------------------------------------------
     @staticmethod
@@ -393,15 +402,15 @@ class Transcriber:
         }
 
     def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool,
-                language: LanguageChoice) -> dict:
-        last_end = max((s["end"] for s in segments), default=0.0)
+                language: LanguageChoice, speech: list[tuple[float, float]]) -> dict:
         return {
             "duration": duration,
             **language.result_fields(),
             "model": self.engine.loaded.info.get("name"),
             "segments": segments,
             "finish_reason": finish,
-            "coverage": (last_end / duration) if duration > 0 else None,
+            "speech": [[s, e] for s, e in speech],
+            "coverage": None,  # set with incomplete by diarist.completeness.assess at the end
             "no_speech": no_speech,
             "metrics": metrics,
         }
@@ -435,36 +444,3 @@ async def stream_transcription(transcriber: Transcriber, source: Any,
     threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
     while (item := await q.get()) is not None:
         yield item
-
-
-INCOMPLETE_GAP_S = 30.0
-"""Speech (or audio, without VAD) more than this far past the last segment marks a transcript incomplete."""
-
-
-def _mark_completeness(result: dict) -> None:
-    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, malformed MOSS-TD output
-    (``parse_issues``: a last segment without an end time, a cut-off tag, ...), or a last segment that ends
-    far before the speech does, is never reported as a silent success."""
-    finish = result.get("finish_reason")
-    if finish in ("length", "repetition", "abort", "error"):
-        result["incomplete"] = True
-        result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
-                                       "abort": "aborted", "error": "engine error"}[finish]
-        return
-    issues = result.get("parse_issues") or []
-    if issues:  # MOSS-TD output the parser had to repair: kept, but never reported as a clean success
-        result["incomplete"] = True
-        result["incomplete_reason"] = "malformed model output: " + "; ".join(issues)
-        return
-    segments = result.get("segments") or []
-    last_end = max((s["end"] for s in segments), default=0.0)
-    speech_end = result.get("metrics", {}).get("speech_end_s")
-    if speech_end is None and result.get("family") == "moss-td":
-        speech_end = result.get("duration")
-    gap_allowed = max(INCOMPLETE_GAP_S, 0.1 * (result.get("duration") or 0.0))
-    if segments and speech_end is not None and speech_end - last_end > gap_allowed:
-        result["incomplete"] = True
-        result["incomplete_reason"] = (f"transcript ends at {last_end:.1f} s but speech continues to "
-                                       f"{speech_end:.1f} s")
-    else:
-        result["incomplete"] = False

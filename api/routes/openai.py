@@ -9,6 +9,9 @@ as OpenAI does; MOSS-TD's as each segment completes, the cascade's after diariza
 ``transcript.text.done`` {text}. Extra form fields (``num_speakers``, ``min_speakers``, ``max_speakers``,
 ``task``) pass through; OpenAI-only fields we cannot honour are ignored.
 A translation is a transcription with ``task=translate`` (multilingual Whisper only).
+Every JSON shape and the final stream event carry ``finish_reason``, ``incomplete``,
+``incomplete_reason``, ``coverage`` and ``warnings`` as extra fields, and every answer carries them as
+``X-Diarist-*`` headers (:func:`diarist.formats.render_openai`).
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ from api.routes.events import job_events
 from api.routes.jobs import ERRORS
 from api.schemas import JobOptions
 from api.submit import AudioSource, submit_job
-from diarist.formats import render
+from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
 from diarist.models import Job, new_id
 from diarist.services import Services
 from diarist.transcript import Transcript
 
 router = APIRouter(tags=["openai"])
 
-OpenAIFormat = Literal["json", "text", "srt", "vtt", "verbose_json", "diarized_json"]
+OpenAIFormat = Literal[OPENAI_FORMATS]  # json, text, srt, vtt, verbose_json, diarized_json
 # A failed job's code → HTTP status of the synchronous answer.
 STATUS_FOR = {"engine_error": 500, "internal_error": 500, "audio_missing": 500, "canceled": 409}
 
@@ -67,11 +70,8 @@ def _raise_failed(job: Job) -> None:
 
 
 def _body(t: Transcript, fmt: str) -> Response:
-    if fmt == "json":
-        return Response(json.dumps({"text": t.text, "usage": {"type": "duration", "seconds": t.duration}},
-                                   ensure_ascii=False), media_type="application/json")
-    content, media_type = render(t, fmt)
-    return Response(content, media_type=media_type)
+    content, media_type, headers = render_openai(t, fmt)
+    return Response(content, media_type=media_type, headers=headers)
 
 
 def _sse(obj: dict) -> str:
@@ -104,7 +104,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
         for s in t.segments[live:]:  # the rest, from the stored transcript
             yield _sse({"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
                         "speaker": s.speaker or "unknown", "text": s.text})
-    yield _sse({"type": "transcript.text.done", "text": t.text})
+    yield _sse(openai_done_event(t))
 
 
 @router.post("/v1/audio/transcriptions", responses={200: {"content": {"application/json": {}, "text/plain": {},

@@ -209,3 +209,41 @@ def test_odd_engine_turns_give_valid_rttm_lines():
             assert 0 <= float(f[3]) and 0 < float(f[4]) and float(f[3]) + float(f[4]) <= duration + 1e-3
 
     check()
+
+
+# --- OpenAI route: completeness in every JSON shape, headers on the others ---------------------------
+
+
+def test_openai_json_shapes_and_done_event_carry_completeness(t):
+    from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
+
+    # the golden result lost 50.6 s of its 109.5 s of detected speech (3600-3650 s has no text)
+    want = {"finish_reason": "stop", "incomplete": True, "coverage": 0.4638, "warnings": [],
+            "incomplete_reason": "50.6 s of the detected speech (54%) has no transcribed text"}
+    for fmt in ("json", "verbose_json", "diarized_json"):
+        body, media_type, headers = render_openai(t, fmt)
+        data = json.loads(body)
+        assert media_type == "application/json"
+        assert {k: data[k] for k in want} == want, fmt
+    assert json.loads(render_openai(t, "json")[0])["text"] == t.text  # OpenAI's own fields stay
+    done = openai_done_event(t)
+    assert done["type"] == "transcript.text.done" and done["text"] == t.text
+    assert {k: done[k] for k in want} == want
+    for fmt in OPENAI_FORMATS:
+        headers = render_openai(t, fmt)[2]
+        assert headers == {"X-Diarist-Finish-Reason": "stop", "X-Diarist-Incomplete": "true",
+                           "X-Diarist-Coverage": "0.4638"}
+    with pytest.raises(ValueError, match="response_format"):
+        render_openai(t, "rttm")
+
+
+def test_openai_fields_of_a_budget_stop_and_a_warning():
+    from diarist.formats import render_openai
+
+    t = Transcript.from_engine({"duration": 20.0, "model": "m", "finish_reason": "length", "speech": [[0, 20]],
+                                "segments": [{"speaker": 0, "start": 0.0, "end": 5.0, "text": "cut"}],
+                                "warnings": [{"code": "invalid_samples", "count": 3, "message": "3 replaced"}]})
+    data = json.loads(render_openai(t, "verbose_json")[0])
+    assert (data["finish_reason"], data["incomplete"], data["coverage"]) == ("length", True, 0.25)
+    assert "budget" in data["incomplete_reason"]
+    assert data["warnings"] == [{"code": "invalid_samples", "message": "3 replaced", "count": 3}]

@@ -42,9 +42,10 @@ def test_channel_labels_are_kept_as_speaker_names():
 
 
 def test_times_clamped_to_duration_and_end_not_before_start():
-    t = Transcript.from_engine(result([seg(0, -0.5, 1.0), seg(1, 8.0, 12.5), seg(2, 9.5, 9.0)], duration=10.0))
+    t = Transcript.from_engine(result([seg(0, -0.5, 1.0), seg(1, 8.0, 12.5), seg(2, 9.5, 9.0)], duration=10.0,
+                                      speech=[[0.0, 1.0], [8.0, 10.0]]))
     assert [(s.start, s.end) for s in t.segments] == [(0.0, 1.0), (8.0, 10.0), (9.5, 9.5)]
-    assert t.coverage == 1.0
+    assert t.coverage == 1.0  # the clamped segments cover all detected speech
 
 
 def test_monotonic_within_a_speaker_but_overlap_between_speakers_kept():
@@ -96,18 +97,19 @@ def test_times_are_rounded_to_the_millisecond():
 
 
 def test_coverage_finish_reason_and_incomplete():
-    t = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0, finish_reason="length"))
-    assert t.coverage == 0.25
+    t = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0, finish_reason="length",
+                                      speech=[[0.0, 10.0]]))
+    assert t.coverage == 0.25  # 2.5 of the 10 s of detected speech
     assert t.incomplete and "token budget" in t.incomplete_reason
     ok = Transcript.from_engine(result([seg(0, 0.0, 2.5)], duration=10.0))
     assert not ok.incomplete and ok.incomplete_reason is None and not ok.no_speech
 
 
 def test_empty_result_is_no_speech():
-    t = Transcript.from_engine(result([], duration=5.0))
-    assert t.no_speech and t.segments == [] and t.speakers == [] and t.coverage == 0.0
+    t = Transcript.from_engine(result([], duration=5.0, speech=[]))
+    assert t.no_speech and t.segments == [] and t.speakers == [] and t.coverage == 1.0  # nothing was missed
     zero = Transcript.from_engine(result([], duration=0.0))
-    assert zero.coverage is None and zero.no_speech
+    assert zero.coverage is None and zero.no_speech  # no speech detection in the result: coverage unknown
     err = Transcript.from_engine(result([], duration=5.0, finish_reason="error"))
     assert not err.no_speech and err.incomplete
 
@@ -133,7 +135,8 @@ def _results(draw):
     segs = [seg(draw(_SPEAKERS), draw(st.floats(-5, 40, allow_nan=False)), draw(_TIME),
                 draw(st.sampled_from(["a", "b c", " ", "第一"])))
             for _ in range(draw(st.integers(0, 12)))]
-    return result(segs, duration=duration)
+    speech = [[a, a + draw(st.floats(0, 10, allow_nan=False))] for a in draw(st.lists(st.floats(0, 30), max_size=4))]
+    return result(segs, duration=duration, speech=speech)
 
 
 @settings(max_examples=300, deadline=None)
@@ -150,8 +153,9 @@ def test_invariants_hold_for_any_engine_result(r):
             last_end[s.speaker] = s.end
     first_seen = list(dict.fromkeys(s.speaker for s in t.segments if s.speaker))
     assert first_seen == t.speakers == [f"S{i:02d}" for i in range(1, len(t.speakers) + 1)]
-    if t.segments and t.duration > 0:
-        assert t.coverage == pytest.approx(max(s.end for s in t.segments) / t.duration)
+    assert 0.0 <= t.coverage <= 1.0
+    if not any(e > s for s, e in r["speech"]):
+        assert t.coverage == 1.0  # no detected speech: none was missed
     assert Transcript.model_validate_json(t.model_dump_json()) == t
 
 
