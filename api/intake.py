@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import BinaryIO
 
 import av
+import numpy as np
 
 from api.errors import ApiError
 from diarist.netguard import UnsafeURL, check_url
+from diarist.pcm import FLOAT_SAMPLE_FORMATS, InvalidSamples, check_nonfinite
 from diarist.redact import redact_text
 from diarist.settings import Settings
 
@@ -88,8 +90,9 @@ def measure_duration(path: Path) -> float:
     """Audio duration in seconds by decoding the first audio stream (frames counted, nothing kept).
 
     Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. A damaged tail keeps what
-    decoded (as the engine's decoder does).
-    Raises ApiError 422: ``decode_failed``, ``no_audio_stream``, ``empty_audio``.
+    decoded (as the engine's decoder does). Float streams are checked for NaN/inf values on the way
+    (:mod:`diarist.pcm`: a few are replaced later and reported in the result; too many are refused here).
+    Raises ApiError 422: ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``invalid_samples``.
     """
     if path.stat().st_size == 0:
         raise ApiError(422, "empty_audio", "the file is empty")
@@ -108,12 +111,20 @@ def measure_duration(path: Path) -> float:
             if container.duration:
                 return container.duration / av.time_base
         samples, rate, errors = 0, stream.codec_context.sample_rate or 0, None
+        values = nonfinite = 0
         try:
             for frame in container.decode(stream):
                 samples += frame.samples
                 rate = frame.sample_rate or rate
+                values += frame.samples * (len(frame.layout.channels) or 1)
+                if frame.format.name in FLOAT_SAMPLE_FORMATS:
+                    nonfinite += int(np.count_nonzero(~np.isfinite(frame.to_ndarray())))
         except (av.error.FFmpegError, ValueError) as e:
             errors = e
+        try:
+            check_nonfinite(nonfinite, values)
+        except InvalidSamples as e:
+            raise ApiError(422, e.code, e.message) from None
         if samples == 0 or not rate:
             if errors is not None:
                 reason = getattr(errors, "strerror", None) or type(errors).__name__

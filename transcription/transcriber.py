@@ -133,6 +133,7 @@ class Transcriber:
             ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``speech`` (detected speech ``[[start, end], ...]``),
             ``coverage`` / ``incomplete`` / ``incomplete_reason`` (:mod:`diarist.completeness`), ``no_speech``,
+            ``warnings`` ([{code, message, count}], e.g. NaN samples replaced),
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
         ``should_cancel`` is polled before the windows are submitted, while the engine works and inside
@@ -185,6 +186,7 @@ class Transcriber:
         result.setdefault("duration", audio.duration)
         if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
             result["random_weights"] = True
+        result["warnings"] = audio.warnings + result.get("warnings", [])
         result.update(assess(result).fields())
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})

@@ -19,6 +19,13 @@ import av
 import numpy as np
 
 from diarist.engine_wire import PcmFormat
+from diarist.pcm import (
+    FLOAT_SAMPLE_FORMATS,
+    InvalidSamples,
+    check_nonfinite,
+    nonfinite_warning,
+    replace_nonfinite,
+)
 from engine.models.audio_input import SAMPLE_RATE
 
 
@@ -27,7 +34,8 @@ class AudioError(ValueError):
 
     Codes: ``decode_failed`` (not a media file, or corrupt), ``no_audio_stream`` (a container with no audio,
     e.g. a video without sound), ``empty_audio`` (zero samples after decoding), ``invalid_pcm`` (a decoded
-    body from a worker that does not match its header).
+    body from a worker that does not match its header), ``invalid_samples`` (too many NaN/inf sample
+    values, :mod:`diarist.pcm`).
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -45,6 +53,8 @@ class DecodedAudio:
             ``mono=False`` was asked for).
         source_sample_rate: the stream's own rate (Hz); source_channels: its channel count.
         codec, container: FFmpeg names.
+        nonfinite: NaN/inf sample values of the stream that were replaced by 0 (:mod:`diarist.pcm`), of
+            ``source_values`` values decoded.
     """
 
     samples: np.ndarray
@@ -52,6 +62,13 @@ class DecodedAudio:
     source_channels: int
     codec: str
     container: str
+    nonfinite: int = 0
+    source_values: int = 0
+
+    @property
+    def warnings(self) -> list[dict]:
+        """Result warnings about the input (``[{code, message, count}]``; empty for clean audio)."""
+        return [nonfinite_warning(self.nonfinite, self.source_values)] if self.nonfinite else []
 
     @property
     def duration(self) -> float:
@@ -142,15 +159,36 @@ def _open(source: Source) -> av.container.InputContainer:
         raise AudioError("decode_failed", f"could not open the input as a media file: {e}") from None
 
 
+def _finite_frame(frame: av.AudioFrame) -> tuple[av.AudioFrame, int, int]:
+    """``(frame with NaN/inf values set to 0, how many were, values in the frame)``; before resampling,
+    so a bad value is never smeared over its neighbours by the resampling filter."""
+    total = frame.samples * (len(frame.layout.channels) or 1)
+    if frame.format.name not in FLOAT_SAMPLE_FORMATS:
+        return frame, 0, total
+    values = frame.to_ndarray()
+    if np.isfinite(values).all():
+        return frame, 0, total
+    values = np.array(values)  # writable copy
+    bad = replace_nonfinite(values)
+    clean = av.AudioFrame.from_ndarray(values, format=frame.format.name, layout=frame.layout.name)
+    clean.sample_rate, clean.pts, clean.time_base = frame.sample_rate, frame.pts, frame.time_base
+    return clean, bad, total
+
+
 def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Frontend.FFMPEG) -> DecodedAudio:
     """Decode the first audio stream of ``source`` and resample to 16 kHz float32.
+
+    NaN/inf sample values are replaced by 0 and counted (``DecodedAudio.nonfinite``), or the input is
+    refused when there are too many (the rule is :mod:`diarist.pcm`'s). Peak memory is about twice the
+    decoded samples (the frames, then one array).
 
     Args:
         source: a path, bytes, or a binary file object.
         mono: downmix to one channel (as ``frontend`` mixes); else keep every channel.
         frontend: the channel mixing and rate conversion (:class:`Frontend`).
     Raises:
-        AudioError: ``decode_failed``, ``no_audio_stream`` or ``empty_audio`` (see :class:`AudioError`).
+        AudioError: ``decode_failed``, ``no_audio_stream``, ``empty_audio`` or ``invalid_samples`` (see
+            :class:`AudioError`).
     """
     if (fast := _pcm16_wav(source)) is not None:
         return fast  # 16 kHz mono: no mixing, no rate change, the same samples for every frontend
@@ -164,11 +202,14 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         layout = "mono" if ffmpeg and (mono or channels == 1) else None
         chunks: list[np.ndarray] = []
         rate = stream.codec_context.sample_rate or None
+        nonfinite = values = 0
         try:
             # librosa: no FFmpeg mixing or rate change, only the conversion to planar float
             resampler = av.AudioResampler(format="fltp", layout=layout or stream.layout,
                                           rate=SAMPLE_RATE if ffmpeg else rate)
             for frame in container.decode(stream):
+                frame, bad, n = _finite_frame(frame)
+                nonfinite, values = nonfinite + bad, values + n
                 for out in resampler.resample(frame):
                     chunks.append(out.to_ndarray())
                     rate = rate or out.sample_rate
@@ -178,11 +219,17 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
             if not chunks:
                 raise AudioError("decode_failed", f"the audio stream could not be decoded: {e}") from None
             # A truncated tail: keep what decoded (FFmpeg's own behaviour for damaged files).
-        samples = np.concatenate(chunks, axis=1).astype(np.float32) if chunks else np.zeros((1, 0), np.float32)
+        try:
+            check_nonfinite(nonfinite, values)
+        except InvalidSamples as e:
+            raise AudioError(e.code, e.message) from None
+        samples = np.concatenate(chunks, axis=1) if chunks else np.zeros((1, 0), np.float32)
+        del chunks  # the frames' copies: from here on one array
+        samples = samples.astype(np.float32, copy=False)
         if samples.shape[1] == 0:
             raise AudioError("empty_audio", "the file contains no audio samples")
         if ffmpeg:
-            samples = np.clip(samples, -1.0, 1.0)
+            np.clip(samples, -1.0, 1.0, out=samples)
         else:
             if mono and samples.shape[0] > 1:
                 samples = samples.mean(axis=0, keepdims=True)
@@ -193,6 +240,8 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
             source_channels=channels,
             codec=stream.codec_context.name,
             container=container.format.name,
+            nonfinite=nonfinite,
+            source_values=values,
         )
 
 
