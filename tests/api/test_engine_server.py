@@ -128,3 +128,19 @@ def test_worker_process_never_imports_torch():
     code = "import sys, worker.tasks, worker.engine_client, cli.commands.worker; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_openai_route_on_the_engine_carries_completeness(engine_client):
+    body = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    r = engine_client.post("/v1/audio/transcriptions", files={"file": ("jfk.flac", body)},
+                           data={"model": "whisper", "response_format": "json"})
+    data = r.json()
+    assert r.status_code == 200 and "ask not" in data["text"].lower()
+    assert (data["finish_reason"], data["incomplete"], data["warnings"]) == ("stop", False, [])
+    assert 0.85 <= data["coverage"] <= 1.0 and r.headers["x-diarist-incomplete"] == "false"
+    with engine_client.stream("POST", "/v1/audio/transcriptions", files={"file": ("jfk.flac", body)},
+                              data={"model": "whisper", "stream": "true"}) as s:
+        events = [json.loads(x[len("data: "):]) for x in s.iter_lines() if x.startswith("data: ")]
+    done = events[-1]
+    assert done["type"] == "transcript.text.done" and "ask not" in done["text"].lower()
+    assert done["finish_reason"] == "stop" and done["incomplete"] is False and done["coverage"] == data["coverage"]

@@ -68,3 +68,40 @@ def test_errors_use_the_openai_error_shape(oai):
     with pytest.raises(openai.UnprocessableEntityError) as e:
         oai.audio.transcriptions.create(model="gpt-9-transcribe", file=data_file("en_jfk_inaugural/jfk.flac"))
     assert e.value.body["code"] == "unknown_model"
+
+
+def test_completeness_fields_in_json_shapes_and_the_final_event(oai, jfk):
+    for fmt in ("json", "verbose_json", "diarized_json"):
+        with jfk.open("rb") as f:
+            raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, response_format=fmt)
+        body = json.loads(raw.http_response.text)
+        assert body["finish_reason"] == "stop" and body["incomplete"] is False and body["incomplete_reason"] is None
+        assert 0.85 <= body["coverage"] <= 1.0 and body["warnings"] == [], fmt  # JFK is transcribed whole
+        assert raw.http_response.headers["x-diarist-incomplete"] == "false"
+        assert float(raw.http_response.headers["x-diarist-coverage"]) == pytest.approx(body["coverage"], abs=1e-4)
+    with jfk.open("rb") as f:
+        raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, response_format="srt")
+    assert raw.http_response.headers["x-diarist-finish-reason"] == "stop"
+    with jfk.open("rb") as f:
+        events = list(oai.audio.transcriptions.create(model="whisper-1", file=f, stream=True))
+    done = events[-1].model_dump()
+    assert done["type"] == "transcript.text.done" and done["finish_reason"] == "stop"
+    assert done["incomplete"] is False and 0.85 <= done["coverage"] <= 1.0
+
+
+def test_nan_samples_are_reported_or_refused(oai, tmp_path):
+    from tests.transcription.test_bad_samples import BAD, SPEECH, float_wav, with_bad
+    from transcription.audio import decode_audio
+
+    clean = decode_audio(data_file(SPEECH)).samples[0]
+    few = float_wav(tmp_path / "few.wav", with_bad(clean, BAD))
+    with few.open("rb") as f:
+        raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f,
+                                                                response_format="verbose_json")
+    body = json.loads(raw.http_response.text)
+    assert "quilter" in body["text"].lower()
+    assert [(w["code"], w["count"]) for w in body["warnings"]] == [("invalid_samples", len(BAD))]
+    many = float_wav(tmp_path / "many.wav", with_bad(clean, dict.fromkeys(range(0, clean.size, 20), float("nan"))))
+    with pytest.raises(openai.UnprocessableEntityError) as e, many.open("rb") as f:
+        oai.audio.transcriptions.create(model="whisper-1", file=f)
+    assert e.value.body["code"] == "invalid_samples"
