@@ -133,10 +133,21 @@ def measure_duration(path: Path) -> float:
         return samples / rate
 
 
+def duration_limit_s(settings: Settings) -> float:
+    """The longest audio (seconds) taken: the served model family's limit
+    (:func:`transcription.limits.max_duration_s`), lowered by ``DIARIST_MAX_DURATION_S`` when set."""
+    from transcription.limits import max_duration_s  # torch-free
+
+    family = max_duration_s(settings.model)
+    return family if settings.max_duration_s is None else min(settings.max_duration_s, family)
+
+
 def check_duration(duration: float, settings: Settings) -> None:
-    """422 ``too_long`` / ``too_short`` against the configured limits (seconds)."""
-    if duration > settings.max_duration_s:
-        raise ApiError(422, "too_long", f"the audio lasts {duration:.1f} s; the limit is {settings.max_duration_s:g} s")
+    """422 ``too_long`` / ``too_short`` against the limits (seconds; :func:`duration_limit_s`)."""
+    limit = duration_limit_s(settings)
+    if duration > limit:
+        raise ApiError(422, "too_long", f"the audio lasts {duration:.1f} s; the limit for the {settings.model} "
+                                        f"model is {limit:g} s ({limit / 3600:.2f} h)")
     if duration < settings.min_duration_s:
         raise ApiError(422, "too_short",
                        f"the audio lasts {duration:.3f} s; the minimum is {settings.min_duration_s:g} s")

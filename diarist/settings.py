@@ -184,7 +184,9 @@ class Settings(BaseSettings):
                              "Prometheus counters of the API are then per process (each scrape sees one).")
     auth: bool | None = Field(None, description="Bearer API keys; None = on, except in embedded mode.")
     max_upload_bytes: int = Field(2 * 1024**3, description="Larger uploads or downloads get 413.")
-    max_duration_s: float = Field(5400.0, description="Longer audio gets 422 too_long (90 min).")
+    max_duration_s: float | None = Field(None, description="Longer audio gets 422 too_long. Unset: the model "
+                                         "family's limit (whisper 6 h, moss-td what its context holds, 89.4 min; "
+                                         "transcription/limits.py); set, it can only lower that.")
     min_duration_s: float = Field(0.0, description="Shorter audio gets 422 too_short; 0 (the default) takes any "
                                   "audio with samples, and a clip too short to hold speech gets an empty "
                                   "transcript with no_speech (OpenAI's API refuses under 0.1).")

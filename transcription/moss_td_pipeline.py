@@ -7,33 +7,22 @@ Usage (the engine must be loaded with ``EngineConfig(model="moss-td", ...)``)::
     result = moss_result(seq, engine.tokenizer, duration=len(wave) / 16000)
 
 Budget (sgl-project/sglang-omni #1034): unless the request sets ``max_new_tokens``,
-:func:`default_budget`; either way clamped to the context left after the prompt.
+:func:`transcription.limits.default_budget`; either way clamped to the context left after the prompt.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 
 from engine.models.mel import SAMPLE_RATE
 from engine.models.moss_td_prompt import build_prompt
+from transcription.limits import default_budget
 from engine.request import RequestRejected, Sequence
 from transcription.repetition import RepetitionGuard
 
 MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a useful transcript
 GiB = 1 << 30
-
-
-def default_budget(duration_s: float, checkpoint_default: int | None = None) -> int:
-    """Output tokens allowed when the request sets none: ``max(min(D, 512), ceil(10 * duration_s))`` with ``D``
-    the checkpoint's ``generation_config.json`` ``max_new_tokens`` (sglang-omni #1034; 512 when unstated).
-
-    The official ``generate`` would stop every recording at ``D`` itself (5120 in the released checkpoint,
-    about 19 minutes of a dense meeting: OpenMOSS#26), so ``D`` only lowers the floor for short clips."""
-    floor = 512 if checkpoint_default is None else min(int(checkpoint_default), 512)
-    return max(floor, math.ceil(10.0 * duration_s))
 
 
 class TimestampProgress:

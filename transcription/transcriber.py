@@ -29,6 +29,7 @@ from engine.streaming import IncrementalDetokenizer
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
+from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.progress import EventFn, WindowProgress
 from transcription.repetition import RepetitionGuard
@@ -113,6 +114,7 @@ class Transcriber:
         self.fixed_output_tokens = fixed_output_tokens
         # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
         self.frontend = Frontend.for_family(self.family)
+        self.max_duration_s = WHISPER_MAX_DURATION_S  # the Whisper cascade's bound (MOSS-TD: its context)
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -143,9 +145,10 @@ class Transcriber:
 
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
-            RequestRejected: the recording cannot fit the model's context (``too_long``); a language
-                the model does not transcribe (``unsupported_language``); a task it cannot do
-                (``unsupported_task``: translate on an English-only model or on MOSS-TD).
+            RequestRejected: the recording cannot fit the model's context, or is longer than the Whisper
+                cascade's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
+                transcribe (``unsupported_language``); a task it cannot do (``unsupported_task``: translate
+                on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
         """
         opts = options or TranscribeOptions()
@@ -161,6 +164,9 @@ class Transcriber:
         else:
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
+        if self.family == "whisper" and audio.duration > self.max_duration_s:  # the cascade's memory bound
+            raise RequestRejected("too_long", f"the audio lasts {audio.duration:.0f} s; the Whisper cascade takes "
+                                              f"at most {self.max_duration_s:g} s ({self.max_duration_s / 3600:g} h)")
         if on_event:
             on_event("queued", {"duration": audio.duration})
         if self.family != "whisper":

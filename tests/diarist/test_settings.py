@@ -19,7 +19,7 @@ def test_defaults(monkeypatch, tmp_path):
     for k in ("DIARIST_DATA_DIR", "DIARIST_EMBEDDED", "DIARIST_AUTH", "DIARIST_BROKER_URL", "DIARIST_DATABASE_URL"):
         monkeypatch.delenv(k, raising=False)
     st = Settings()
-    assert st.long_threshold_s == 120.0 and st.max_duration_s == 5400.0
+    assert st.long_threshold_s == 120.0 and st.max_duration_s is None
     assert st.broker == "redis://localhost:6379/0" and st.auth_enabled
     emb = Settings(embedded=True, data_dir=tmp_path)
     assert emb.broker.startswith("memory://") and not emb.auth_enabled
