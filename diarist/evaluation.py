@@ -1,14 +1,17 @@
 """`diarist eval`: transcribe every referenced recording of a data folder and score it.
 
 The data layout and reference loading are in
-:mod:`diarist.references`. Audio without any reference is skipped; items with an
-approximate transcript (``.APPROX.txt``) are reported but left out of the totals;
-items with per-channel references are transcribed with ``multichannel=True``.
+:mod:`diarist.references`. Every audio file of the folder is either scored or listed in
+``not_scored`` with the reason (no reference, or a reference whose name matches no audio);
+items with an approximate transcript (``.APPROX.txt``) are reported but left out of the
+totals; items with per-channel references are transcribed with ``multichannel=True``.
 
 Metrics and their definitions are in :mod:`diarist.scoring`. RTF = processing seconds
 (wall time of ``transcribe_fn``, or the result's ``metrics.processing_s`` when
-replaying saved results) / audio seconds. Totals pool errors over items (sum of errors
-/ sum of reference lengths); DER and JER are also given as the mean over items.
+replaying saved results) / audio seconds. Totals pool items the way the scorers do: WER/CER
+total errors over total reference length (jiwer's counts), cpWER/cpCER with meeteval's
+``combine_error_rates``, DER/JER with pyannote.metrics' summed components and its
+``compute_metric``; the mean over items of each rate is reported beside it (``<metric>_mean``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,6 @@ __all__ = ["Item", "References", "aggregate", "discover", "evaluate", "load_refe
 TranscribeFn = Callable[..., dict]
 
 
-def _stm_text(stm: Any) -> str:
-    return " ".join(line.transcript for line in sorted(stm.lines, key=lambda x: float(x.begin_time)))
-
-
 def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> dict[str, Any]:
     """All metrics of one transcript against its loaded references (see module docstring).
 
@@ -50,7 +49,9 @@ def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> d
             problems.append(f"{name} scoring failed: {type(e).__name__}: {e}")
             return False
 
-    ref_text = refs.text if refs.text is not None else (_stm_text(refs.stm) if refs.stm is not None else None)
+    ref_text = refs.text
+    if ref_text is None and refs.speaker_lines is not None:
+        ref_text = " ".join(line.text for line in refs.speaker_lines)
     ref_speakers = None
     if ref_text is not None:
         if not scoring.normalize_text(ref_text):
@@ -59,8 +60,9 @@ def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> d
             ref_speakers = 0
         else:
             attempt("WER/CER", lambda: scoring.text_errors(ref_text, t.text))
-    if refs.stm is not None and attempt("cpWER", lambda: scoring.cp_errors(refs.stm, t)):
-        ref_speakers = len({line.speaker_id for line in refs.stm.lines})
+    if refs.speaker_lines is not None and attempt("cpWER", lambda: scoring.cp_errors(refs.speaker_lines, t)):
+        rec["cp_reference"] = refs.speaker_source
+        ref_speakers = len({line.speaker for line in refs.speaker_lines})
     if refs.rttm is not None and attempt("DER", lambda: scoring.diarization_errors(refs.rttm, t, collars)):
         ref_speakers = len(refs.rttm.labels())
     rec["ref_speakers"] = ref_speakers
@@ -98,7 +100,9 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
             on_item(rec)
     return {"data_dir": str(data_dir), "collars_s_each_side": list(collars), "definitions": DEFINITIONS,
             "overall": aggregate(records, collars), "by_language": by_language(records, collars),
-            "items": records, "skipped_no_reference": skipped,
+            "items": records,
+            "not_scored": [{"id": n.id, "reason": n.reason} for n in skipped
+                           if not patterns or any(fnmatch.fnmatch(n.id, p) for p in patterns)],
             "unmatched_references": unmatched_references(data_dir, found)}
 
 
@@ -106,13 +110,14 @@ def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...
               save_dir: str | Path | None) -> dict[str, Any]:
     rec: dict[str, Any] = {"id": item.id, "ref_language": item_language(item.id),
                            "references": {k: str(v) for k, v in
-                                          (("txt", item.txt), ("stm", item.stm), ("rttm", item.rttm)) if v is not None}}
+                                          (("txt", item.txt), ("stm", item.stm), ("speakers", item.speakers_txt),
+                                           ("rttm", item.rttm)) if v is not None}}
     if item.approximate:
         rec["approximate_reference"] = True
     refs = load_references(item)
     if refs.errors:
         rec["reference_errors"] = list(refs.errors)
-    if refs.text is None and refs.stm is None and refs.rttm is None:
+    if refs.text is None and refs.speaker_lines is None and refs.rttm is None:
         rec["error"] = "no usable reference file: " + "; ".join(refs.errors)
         return rec
     t0 = time.perf_counter()
@@ -141,10 +146,14 @@ def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...
 DEFINITIONS = {
     "normalisation": "NFKC, lowercase, [..]/<..> tags removed, apostrophes deleted, other punctuation -> space, "
                      "whitespace collapsed; zh/ja scored on characters without spaces (no WER)",
-    "wer_cer": "jiwer; totals pool errors / reference length over items with exact references",
-    "cpwer_cpcer": "meeteval cpwer on normalised words / single characters, where an .stm exists",
+    "wer_cer": "jiwer; totals pool errors / reference length over items with exact references (wer, cer); "
+               "wer_mean, cer_mean: mean of the items' rates",
+    "cpwer_cpcer": "meeteval cpwer on normalised words / single characters, where an .stm or a .txt with its "
+                   ".speakers.txt exists; totals pooled with meeteval.wer.combine_error_rates; *_mean: item mean",
     "der_jer": "pyannote.metrics, skip_overlap=False, UEM [0, duration]; der_cX/jer_cX: collar X s on each "
-               "side of reference boundaries (md-eval -c X; pyannote collar=2X); hypothesis = segment turns",
+               "side of reference boundaries (md-eval -c X; pyannote collar=2X); hypothesis = the diarization's "
+               "turns (else the segments); totals: the items' pyannote components summed and the metric's "
+               "compute_metric (as an accumulating pyannote metric pools); *_mean: item mean",
     "rtf": "processing seconds / audio seconds",
     "by_language": "the overall figures per ref_language: the language code that begins an item's folder name "
                    "(en_..., zh_..., ja_...: the shared data's convention); 'other' for the rest (music, noise, "
@@ -183,18 +192,21 @@ def _mean(values: list[float]) -> float | None:
 def aggregate(records: list[dict], collars: tuple[float, ...] = (0.0, 0.25)) -> dict[str, Any]:
     """Totals over item records (pooled rates, means, counts); see module docstring."""
     ok = [r for r in records if "error" not in r]
+    exact = [r for r in ok if not r.get("approximate_reference")]
     out: dict[str, Any] = {"items": len(records), "failed": len(records) - len(ok),
                            "wer": _pool(ok, "wer_errors", "ref_words"), "cer": _pool(ok, "cer_errors", "ref_chars"),
-                           "cpwer": _pool(ok, "cpwer_errors", "cp_ref_words"),
-                           "cpcer": _pool(ok, "cpcer_errors", "cp_ref_chars")}
+                           "cpwer": scoring.pool_cp([r["cp_detail"]["words"] for r in exact
+                                                     if "words" in (r.get("cp_detail") or {})]),
+                           "cpcer": scoring.pool_cp([r["cp_detail"]["chars"] for r in exact
+                                                     if "chars" in (r.get("cp_detail") or {})])}
+    for m in ("wer", "cer", "cpwer", "cpcer"):
+        out[f"{m}_mean"] = _mean([r[m] for r in exact if r.get(m) is not None])
     for c in collars:
         key = f"c{c:g}"
-        details = [r[f"der_{key}_detail"] for r in ok if r.get(f"der_{key}") is not None]
-        total = sum(d["total"] for d in details)
-        out[f"der_{key}"] = (sum(d["missed"] + d["false_alarm"] + d["confusion"] for d in details) / total
-                             if total else None)
-        out[f"der_{key}_mean"] = _mean([r[f"der_{key}"] for r in ok if r.get(f"der_{key}") is not None])
-        out[f"jer_{key}_mean"] = _mean([r[f"jer_{key}"] for r in ok if r.get(f"jer_{key}") is not None])
+        for m in ("der", "jer"):
+            scored = [r for r in ok if r.get(f"{m}_{key}") is not None]
+            out[f"{m}_{key}"] = scoring.pool_diarization(m, [r[f"{m}_{key}_components"] for r in scored])
+            out[f"{m}_{key}_mean"] = _mean([r[f"{m}_{key}"] for r in scored])
     errs = [abs(r["speaker_count_error"]) for r in ok if r.get("speaker_count_error") is not None]
     out.update(speaker_count_items=len(errs), speaker_count_abs_error_mean=_mean(errs),
                speaker_count_within_1=sum(e <= 1 for e in errs))

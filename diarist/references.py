@@ -2,12 +2,16 @@
 
 One folder per item; references sit beside the audio: ``<stem>.txt`` (exact
 transcript; empty = no speech expected), ``<stem>.APPROX.txt`` (approximate
-transcript), ``<stem>.stm`` (speaker-attributed transcript), ``<stem>.rttm`` (speaker
-turns), ``<stem>.ch<N>_<name>.txt`` (one speaker per channel). Several audio files may
-share one reference (``jfk.flac``/``jfk.mp3`` -> ``jfk.txt``, ``yes_1000ms.wav`` ->
-``yes.txt``): the reference named after the longest prefix of the audio stem cut at
-``.`` or ``_`` is used.
+transcript), ``<stem>.stm`` (speaker-attributed transcript), ``<stem>.speakers.txt``
+(one speaker label per line of ``<stem>.txt``, in order: the same transcript,
+speaker-attributed), ``<stem>.rttm`` (speaker turns), ``<stem>.ch<N>_<name>.txt`` (one
+speaker per channel). Several audio files may share one reference (``jfk.flac``/``jfk.mp3``
+-> ``jfk.txt``, ``yes_1000ms.wav`` -> ``yes.txt``): the reference named after the longest
+prefix of the audio stem cut at ``.`` or ``_`` is used.
 
+Nothing is skipped silently: :func:`discover` returns every audio file, and those without a
+reference come with the reason (:class:`NotScored`): no reference file in the folder, or
+reference files whose names match no audio of the folder (named with the rule above).
 Loading never raises for a bad file: problems become messages in ``References.errors``.
 """
 
@@ -34,6 +38,7 @@ class Item:
     stm: Path | None = None
     rttm: Path | None = None
     channel_txts: list[Path] = field(default_factory=list)
+    speakers_txt: Path | None = None
 
     @property
     def hints(self) -> dict[str, Any]:
@@ -56,11 +61,30 @@ def _find(directory: Path, stem: str, suffixes: tuple[str, ...]) -> tuple[Path |
     return None, None
 
 
-def discover(data_dir: Path) -> tuple[list[Item], list[str]]:
-    """Find the items of ``data_dir``; returns ``(items with references, ids of audio without)``."""
-    items, skipped = [], []
+REFERENCE_SUFFIXES = (".txt", ".stm", ".rttm")
+SPEAKERS_SUFFIX = ".speakers.txt"
+
+
+@dataclass(frozen=True)
+class NotScored:
+    """An audio file ``id`` that is not scored, and ``reason`` (for people): no reference, or a name mismatch."""
+
+    id: str
+    reason: str
+
+
+def _is_reference(p: Path) -> bool:
+    return p.is_file() and p.suffix.lower() in REFERENCE_SUFFIXES
+
+
+def discover(data_dir: Path) -> tuple[list[Item], list[NotScored]]:
+    """Find the items of ``data_dir``: ``(items with references, audio files without, with the reason)``.
+
+    Every audio file is in one of the two lists."""
+    items, audio_without = [], []
     for audio in sorted(p for p in data_dir.rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS):
         item_id = audio.relative_to(data_dir).as_posix()
+        speakers, _ = _find(audio.parent, audio.stem, (SPEAKERS_SUFFIX,))
         txt, suffix = _find(audio.parent, audio.stem, (".txt", ".APPROX.txt"))
         stm, _ = _find(audio.parent, audio.stem, (".stm",))
         rttm, _ = _find(audio.parent, audio.stem, (".rttm",))
@@ -69,31 +93,61 @@ def discover(data_dir: Path) -> tuple[list[Item], list[str]]:
             channels = sorted(audio.parent.glob(f"{glob_escape(prefix)}.ch[0-9]*.txt"))
             if channels:
                 break
-        item = Item(item_id, audio, txt, suffix == ".APPROX.txt", stm, rttm, channels)
+        item = Item(item_id, audio, txt, suffix == ".APPROX.txt", stm, rttm, channels, speakers)
         if txt or stm or rttm:
             items.append(item)
         else:
-            skipped.append(item_id)
+            audio_without.append(item)
+    used = _used(items)
+    skipped = []
+    for item in audio_without:
+        strays = sorted(p.name for p in item.audio.parent.iterdir() if _is_reference(p) and p not in used)
+        if strays:
+            reason = (f"name mismatch: {', '.join(strays)} beside it match no audio file; a reference is named "
+                      f"after the audio ({item.audio.stem}.txt/.stm/.rttm/.speakers.txt) or after a prefix of its "
+                      f"name cut at '.' or '_'")
+        else:
+            reason = "no reference file (.txt, .stm or .rttm) beside it"
+        skipped.append(NotScored(item.id, reason))
     return items, skipped
+
+
+def _used(items: list[Item]) -> set[Path]:
+    return {p for i in items for p in (i.txt, i.stm, i.rttm, i.speakers_txt, *i.channel_txts) if p is not None}
 
 
 def unmatched_references(data_dir: Path, items: list[Item]) -> list[str]:
     """Reference files (``.txt``, ``.stm``, ``.rttm``) under ``data_dir`` that no audio file picked up, as
     paths relative to it: usually a reference whose audio is missing or named differently."""
-    used = {p for i in items for p in (i.txt, i.stm, i.rttm, *i.channel_txts) if p is not None}
-    return sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*")
-                  if p.is_file() and p.suffix.lower() in (".txt", ".stm", ".rttm") and p not in used)
+    used = _used(items)
+    return sorted(p.relative_to(data_dir).as_posix() for p in data_dir.rglob("*") if _is_reference(p) and p not in used)
 
 
 def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[])", r"[\1]", text)
 
 
+@dataclass(frozen=True)
+class SpeakerLine:
+    """One line of a speaker-attributed reference: ``speaker`` label, ``text``, and ``start``/``end`` seconds
+    (``None`` for ``.speakers.txt`` references, which have no times)."""
+
+    speaker: str
+    text: str
+    start: float | None = None
+    end: float | None = None
+
+
 @dataclass
 class References:
+    """An item's loaded references: ``text`` (the transcript), ``speaker_lines`` (speaker-attributed, from
+    the ``.stm``, else ``.txt`` + ``.speakers.txt``; scored with cpWER), ``speaker_source`` (which file
+    gave them), ``rttm`` (a ``pyannote.core.Annotation``) and ``errors`` (messages)."""
+
     text: str | None = None
-    stm: Any = None  # meeteval.io.STM, one session
-    rttm: Any = None  # pyannote.core.Annotation
+    speaker_lines: list[SpeakerLine] | None = None
+    speaker_source: str | None = None
+    rttm: Any = None
     errors: list[str] = field(default_factory=list)
 
 
@@ -140,11 +194,24 @@ def load_references(item: Item) -> References:
                         for name in dict.fromkeys(line.filename for line in stm.lines)}
             if not sessions:
                 raise ReferenceFileError(f"STM file {item.stm} has no segments")
-            refs.stm = _pick(sessions, stem, item.stm, "STM")
+            picked = _pick(sessions, stem, item.stm, "STM")
+            refs.speaker_lines = [SpeakerLine(line.speaker_id, line.transcript, float(line.begin_time),
+                                              float(line.end_time))
+                                  for line in sorted(picked.lines, key=lambda x: float(x.begin_time))]
+            refs.speaker_source = "stm"
         except ReferenceFileError as e:
             refs.errors.append(str(e))
         except Exception as e:  # noqa: BLE001 - meeteval raises assorted errors for malformed lines
             refs.errors.append(f"cannot parse STM file {item.stm}: {type(e).__name__}: {e}")
+    if item.speakers_txt is not None and refs.speaker_lines is None and refs.text is not None:
+        try:
+            refs.speaker_lines = _speaker_lines(refs.text, item.speakers_txt.read_text(encoding="utf-8"),
+                                                item.speakers_txt)
+            refs.speaker_source = "speakers.txt"
+        except ReferenceFileError as e:
+            refs.errors.append(str(e))
+        except (OSError, UnicodeDecodeError) as e:
+            refs.errors.append(f"cannot read speakers file {item.speakers_txt}: {e}")
     if item.rttm is not None:
         try:
             from pyannote.core import Annotation
@@ -162,3 +229,13 @@ def load_references(item: Item) -> References:
             refs.errors.append(f"cannot parse RTTM file {item.rttm} (expected 10 fields 'SPEAKER <file-id> 1 "
                                f"<start> <dur> <NA> <NA> <speaker> <NA> <NA>'): {type(e).__name__}: {e}")
     return refs
+
+
+def _speaker_lines(text: str, speakers: str, path: Path) -> list[SpeakerLine]:
+    """Pair each non-empty line of the transcript with the speaker on the same line of ``speakers``."""
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    labels = [x.strip() for x in speakers.splitlines() if x.strip()]
+    if len(lines) != len(labels):
+        raise ReferenceFileError(f"speakers file {path} has {len(labels)} labels for the {len(lines)} lines of "
+                                 "its transcript (one label per transcript line, in order)")
+    return [SpeakerLine(spk, line) for spk, line in zip(labels, lines, strict=True)]

@@ -83,21 +83,26 @@ def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
     return out
 
 
-def cp_errors(reference_stm: Any, transcript: Transcript) -> dict[str, Any]:
-    """cpWER and cpCER (meeteval) of the transcript's speaker segments against an STM reference.
+def cp_errors(reference: list[Any], transcript: Transcript, session: str = "audio") -> dict[str, Any]:
+    """cpWER and cpCER (meeteval) of the transcript's speaker segments against a speaker-attributed reference.
 
-    ``reference_stm`` is a ``meeteval.io.STM`` holding one session. Returns ``{cpwer,
-    cpwer_errors, cp_ref_words, cpcer, cpcer_errors, cp_ref_chars}`` (cpWER fields
-    ``None`` for zh/ja references, scored by characters only).
+    ``reference`` is a list of :class:`diarist.references.SpeakerLine` (``speaker``, ``text``, optional
+    ``start``/``end``), from an ``.stm`` or a ``.txt`` + ``.speakers.txt`` pair. cpWER needs no times: each
+    speaker's words are concatenated in order (reference lines without times keep their line order).
+    Returns ``{cpwer, cpwer_errors, cp_ref_words, cpcer, cpcer_errors, cp_ref_chars, cp_detail}``
+    (cpWER fields ``None`` for zh/ja references, scored by characters only); ``cp_detail`` holds
+    meeteval's error-rate fields (``words``/``chars``) so that totals pool with
+    ``meeteval.wer.combine_error_rates``.
+    Raises ``ReferenceFileError`` when the reference has no words after normalisation.
     """
+    import dataclasses
+
     import meeteval
     from meeteval.io import SegLST
 
-    ref_lines = reference_stm.to_seglst()
-    session = ref_lines[0]["session_id"]
-    ref_norm = " ".join(normalize_text(r["words"]) for r in ref_lines)
+    ref_norm = " ".join(normalize_text(r.text) for r in reference)
     if not ref_norm.strip():
-        raise ReferenceFileError("the STM reference has no words after normalisation")
+        raise ReferenceFileError("the speaker-attributed reference has no words after normalisation")
     cjk = is_cjk(ref_norm)
 
     def seglst(items, char_level):
@@ -111,15 +116,36 @@ def cp_errors(reference_stm: Any, transcript: Transcript) -> dict[str, Any]:
                          "words": ""})
         return SegLST(rows)
 
-    ref_items = [(r["speaker"], r["start_time"], r["end_time"], r["words"]) for r in ref_lines]
+    # lines without times keep their order through their index (meeteval sorts each speaker's lines by time)
+    ref_items = [(r.speaker, i if r.start is None else r.start, i if r.end is None else r.end, r.text)
+                 for i, r in enumerate(reference)]
     hyp_items = [(s.speaker or "unknown", s.start, s.end, s.text) for s in transcript.segments]
-    out: dict[str, Any] = {"cpwer": None, "cpwer_errors": None, "cp_ref_words": None}
+    out: dict[str, Any] = {"cpwer": None, "cpwer_errors": None, "cp_ref_words": None, "cp_detail": {}}
+
+    def detail(r: Any) -> dict:  # JSON-able; ErrorRate.from_dict reads it back (the assignment tells the type)
+        d = dataclasses.asdict(r)
+        d["assignment"] = [list(a) for a in d.get("assignment") or ()]
+        return d
+
     if not cjk:
         r = meeteval.wer.cpwer(seglst(ref_items, False), seglst(hyp_items, False))[session]
         out.update(cpwer=float(r.error_rate), cpwer_errors=int(r.errors), cp_ref_words=int(r.length))
+        out["cp_detail"]["words"] = detail(r)
     r = meeteval.wer.cpwer(seglst(ref_items, True), seglst(hyp_items, True))[session]
     out.update(cpcer=float(r.error_rate), cpcer_errors=int(r.errors), cp_ref_chars=int(r.length))
+    out["cp_detail"]["chars"] = detail(r)
     return out
+
+
+def pool_cp(details: list[dict]) -> float | None:
+    """cpWER (or cpCER) over many items as meeteval pools them (``combine_error_rates``: total errors over
+    total reference length); ``details`` are the ``cp_detail["words"|"chars"]`` of :func:`cp_errors`."""
+    if not details:
+        return None
+    from meeteval.wer import ErrorRate, combine_error_rates
+
+    total = combine_error_rates(*(ErrorRate.from_dict(dict(d)) for d in details))
+    return None if total.length == 0 else float(total.error_rate)
 
 
 def hypothesis_annotation(transcript: Transcript, uri: str) -> Any:
@@ -140,9 +166,10 @@ def diarization_errors(reference: Any, transcript: Transcript, collars: tuple[fl
     """DER and JER of the transcript's turns against a reference ``pyannote.core.Annotation``.
 
     For every ``c`` in ``collars`` (seconds each side, md-eval convention) returns keys
-    ``der_c{c}``, ``jer_c{c}`` and the DER components in seconds ``der_c{c}_detail``
-    ``{missed, false_alarm, confusion, total}``. Rates are ``None`` when the scored
-    reference speech is empty.
+    ``der_c{c}``, ``jer_c{c}``, the DER components in seconds ``der_c{c}_detail``
+    ``{missed, false_alarm, confusion, total}`` and pyannote's own components of both metrics
+    ``der_c{c}_components`` / ``jer_c{c}_components`` (what :func:`pool_diarization` sums). Rates are
+    ``None`` when the scored reference speech is empty.
     """
     from pyannote.core import Segment, Timeline
     from pyannote.metrics.diarization import DiarizationErrorRate, JaccardErrorRate
@@ -161,5 +188,24 @@ def diarization_errors(reference: Any, transcript: Transcript, collars: tuple[fl
         out[f"der_{key}"] = d["diarization error rate"] if total > 0 else None
         out[f"der_{key}_detail"] = {"missed": d["missed detection"], "false_alarm": d["false alarm"],
                                     "confusion": d["confusion"], "total": total}
-        out[f"jer_{key}"] = float(JaccardErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem))
+        out[f"der_{key}_components"] = {k: float(d[k]) for k in DiarizationErrorRate.metric_components()}
+        j = JaccardErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem, detailed=True)
+        out[f"jer_{key}"] = float(j[JaccardErrorRate.metric_name()])
+        out[f"jer_{key}_components"] = {k: float(j[k]) for k in JaccardErrorRate.metric_components()}
     return out
+
+
+def pool_diarization(metric: str, components: list[dict]) -> float | None:
+    """DER (``metric="der"``) or JER (``"jer"``) over many items as pyannote.metrics pools them: the items'
+    components summed (what an accumulating metric object holds), then the metric's own ``compute_metric``
+    (DER: total missed + false alarm + confusion over total reference speech; JER: summed speaker errors
+    over the summed speaker count). ``components`` are :func:`diarization_errors`'s ``*_components``."""
+    if not components:
+        return None
+    from pyannote.metrics.diarization import DiarizationErrorRate, JaccardErrorRate
+
+    cls = {"der": DiarizationErrorRate, "jer": JaccardErrorRate}[metric]
+    total = {k: sum(c[k] for c in components) for k in cls.metric_components()}
+    if metric == "der" and total["total"] == 0:
+        return None
+    return float(cls().compute_metric(total))

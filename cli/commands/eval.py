@@ -111,7 +111,8 @@ def _fmt(value: Any, pct: bool = True) -> str:
 
 
 def format_table(report: dict) -> str:
-    """A fixed-width summary: one line per item (rates in %), then the totals."""
+    """A fixed-width summary: one line per item (rates in %), every audio file not scored with the reason,
+    then the totals (pooled, and the mean over items in parentheses)."""
     cols = report["collars_s_each_side"]
     head = f"{'item':48} {'dur_s':>6} {'rtf':>6} {'wer':>6} {'cer':>6} {'cpwer':>6} " + " ".join(
         f"{'der' + format(c, 'g'):>7}" for c in cols) + f" {'spk':>5}  note"
@@ -124,14 +125,20 @@ def format_table(report: dict) -> str:
         lines.append(f"{r['id'][:48]:48} {_fmt(r.get('duration'), False)[:6]:>6} {_fmt(r.get('rtf'), False):>6} "
                      f"{_fmt(r.get('wer')):>6} {_fmt(r.get('cer')):>6} {_fmt(r.get('cpwer')):>6} "
                      + " ".join(f"{_fmt(r.get(f'der_c{c:g}')):>7}" for c in cols) + f" {spk:>5}  {note}")
+    for n in report.get("not_scored", []):
+        lines.append(f"{n['id'][:48]:48} not scored: {n['reason']}")
     o = report["overall"]
 
     def pct(v: Any) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    lines.append(f"overall: {o['items']} items, {o['failed']} failed; WER {pct(o['wer'])}, CER {pct(o['cer'])}, "
-                 f"cpWER {pct(o['cpwer'])}, cpCER {pct(o['cpcer'])}, "
-                 + ", ".join(f"DER(c{c:g}) {pct(o[f'der_c{c:g}'])} (mean {pct(o[f'der_c{c:g}_mean'])})"
+    def both(key: str) -> str:
+        return f"{pct(o[key])} (mean {pct(o.get(key + '_mean'))})"
+
+    lines.append(f"overall: {o['items']} items, {o['failed']} failed, {len(report.get('not_scored', []))} not "
+                 f"scored; pooled (item mean): WER {both('wer')}, CER {both('cer')}, cpWER {both('cpwer')}, "
+                 f"cpCER {both('cpcer')}, "
+                 + ", ".join(f"DER(c{c:g}) {both(f'der_c{c:g}')}, JER(c{c:g}) {both(f'jer_c{c:g}')}"
                              for c in cols)
                  + f"; speaker count within ±1: {o['speaker_count_within_1']}/{o['speaker_count_items']}; "
                    f"RTF {_fmt(o['rtf'], False)}")
@@ -189,6 +196,8 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
     if not report["items"]:
         print(f"diarist eval: no items with reference files (.txt/.stm/.rttm beside the audio) in {data_dir}"
               + (f" matching {args.items}" if args.items else ""), file=sys.stderr)
+        for n in report["not_scored"]:
+            print(f"  {n['id']}: {n['reason']}", file=sys.stderr)
         return 2
     report = {"model": args.model, "model_path": args.model_path, "device": args.device,
               "diarize": getattr(args, "diarize", True),

@@ -195,7 +195,7 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
     assert by["bad/c.wav"]["error"] == "RuntimeError: decoder exploded"
     # an STM without words cannot be scored, but the RTTM of the same item still is
     assert by["bad/e.wav"]["reference_errors"] == [
-        "cpWER scoring failed: ReferenceFileError: the STM reference has no words after normalisation"]
+        "cpWER scoring failed: ReferenceFileError: the speaker-attributed reference has no words after normalisation"]
     assert by["bad/e.wav"]["der_c0"] == 0 and by["bad/e.wav"]["speaker_count_error"] == 0
     # a and b have no usable reference: reported without transcribing; c failed in the transcriber
     assert by["bad/a.wav"]["error"].startswith("no usable reference file: ")
@@ -204,6 +204,7 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
         f"RTTM file {d / 'f.rttm'} line 2: a turn needs onset >= 0 and duration > 0, got onset 2.0 and duration -0.5"]
     assert by["bad/f.wav"]["error"].startswith("no usable reference file: ")
     assert report["overall"]["failed"] == 4
+    assert report["not_scored"] == []  # every audio file had a reference (bad ones are item errors)
     (d / "g.rttm").write_text("SPEAKER g 1 0.0 1.0 <NA> <NA> A <NA> <NA>\n")  # its audio is missing
     assert evaluate(tmp_path / "data", fake)["unmatched_references"] == ["bad/g.rttm"]
 
@@ -265,3 +266,110 @@ def test_cli_out_that_is_a_directory_is_a_usage_error(synthetic, tmp_path, capsy
     assert args.func(args, transcribe_fn=transcriber) == 2
     assert "--out is a directory" in capsys.readouterr().err
     assert not called  # refused before any item is transcribed
+
+
+# --- nothing skipped silently; speaker-attributed .txt; pooling as the scorers pool --------------------
+
+
+def test_every_audio_file_is_scored_or_listed_with_its_reason(tmp_path, capsys):
+    d = tmp_path / "data"
+    (d / "ok").mkdir(parents=True)
+    (d / "ok" / "a.wav").write_bytes(b"")
+    (d / "ok" / "a.txt").write_text("hello there\n")
+    (d / "renamed").mkdir()
+    (d / "renamed" / "meeting.wav").write_bytes(b"")
+    (d / "renamed" / "meeting_ref.rttm").write_text("SPEAKER x 1 0.0 1.0 <NA> <NA> A <NA> <NA>\n")
+    (d / "bare").mkdir()
+    (d / "bare" / "song.ogg").write_bytes(b"")
+    report = evaluate(d, lambda p, **h: engine_result([{"speaker": 0, "start": 0.0, "end": 1.0, "text": "hello"}],
+                                                      2.0))
+    assert [r["id"] for r in report["items"]] == ["ok/a.wav"]
+    reasons = {n["id"]: n["reason"] for n in report["not_scored"]}
+    assert set(reasons) == {"renamed/meeting.wav", "bare/song.ogg"}
+    assert reasons["renamed/meeting.wav"].startswith("name mismatch: meeting_ref.rttm beside it match no audio")
+    assert reasons["bare/song.ogg"] == "no reference file (.txt, .stm or .rttm) beside it"
+    assert report["unmatched_references"] == ["renamed/meeting_ref.rttm"]
+    # the CLI prints them in its table, not only in the JSON
+    parser = argparse.ArgumentParser(prog="diarist")
+    eval_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval", str(d)])
+    assert args.func(args, transcribe_fn=lambda p, **h: engine_result([], 2.0)) == 0
+    out = capsys.readouterr().out
+    assert "renamed/meeting.wav" in out and "not scored: name mismatch" in out and "2 not scored" in out
+
+
+def test_speakers_txt_makes_the_transcript_speaker_attributed(tmp_path):
+    d = tmp_path / "data" / "call"
+    d.mkdir(parents=True)
+    (d / "c.wav").write_bytes(b"")
+    (d / "c.txt").write_text("Hello, this is Ann.\nHi Ann, Bob here.\nHow are you?\n")
+    (d / "c.speakers.txt").write_text("ann\nbob\nann\n")
+    (d / "bad.wav").write_bytes(b"")
+    (d / "bad.txt").write_text("one line\ntwo lines\n")
+    (d / "bad.speakers.txt").write_text("a\n")
+
+    def hyp(path, **hints):  # right words, but "hi ann" given to the first speaker
+        return engine_result([{"speaker": 1, "start": 0.0, "end": 2.0, "text": "Hello, this is Ann. Hi Ann,"},
+                              {"speaker": 2, "start": 2.0, "end": 3.0, "text": "Bob here."},
+                              {"speaker": 1, "start": 3.0, "end": 4.0, "text": "How are you?"}], 4.0)
+
+    report = evaluate(tmp_path / "data", hyp)
+    by = {r["id"]: r for r in report["items"]}
+    c = by["call/c.wav"]
+    assert c["wer"] == 0 and c["cp_reference"] == "speakers.txt" and c["ref_speakers"] == 2
+    # ann: "hello this is ann how are you" (7) vs "hello this is ann hi ann how are you": 2 insertions;
+    # bob: "hi ann bob here" (4) vs "bob here": 2 deletions -> 4 errors over 11 words
+    assert (c["cpwer_errors"], c["cp_ref_words"]) == (4, 11) and c["cpwer"] == pytest.approx(4 / 11)
+    assert report["unmatched_references"] == []  # the speakers files are used, not strays
+    bad = by["call/bad.wav"]
+    want = (f"speakers file {d / 'bad.speakers.txt'} has 1 labels for the 2 lines of its transcript "
+            "(one label per transcript line, in order)")
+    assert bad["reference_errors"] == [want]
+    assert bad["wer"] is not None and bad.get("cpwer") is None  # WER still scored from the .txt
+
+
+def test_totals_pool_as_jiwer_meeteval_and_pyannote_do(tmp_path):
+    import jiwer
+    from pyannote.core import Annotation, Segment
+    from pyannote.metrics.diarization import DiarizationErrorRate, JaccardErrorRate
+
+    from diarist.references import load_references
+    from diarist.scoring import hypothesis_annotation
+    from diarist.transcript import Transcript
+
+    d = tmp_path / "data"
+    d.mkdir()
+    # a long item scored well and a short one scored badly: pooled and mean differ
+    (d / "long.wav").write_bytes(b"")
+    (d / "long.stm").write_text("long 1 A 0.0 10.0 " + " ".join(["word"] * 20) + "\n"
+                                "long 1 B 10.0 20.0 " + " ".join(["talk"] * 20) + "\n")
+    (d / "long.rttm").write_text("SPEAKER long 1 0.0 10.0 <NA> <NA> A <NA> <NA>\n"
+                                 "SPEAKER long 1 10.0 10.0 <NA> <NA> B <NA> <NA>\n")
+    (d / "short.wav").write_bytes(b"")
+    (d / "short.stm").write_text("short 1 A 0.0 2.0 yes no\n")
+    (d / "short.rttm").write_text("SPEAKER short 1 0.0 2.0 <NA> <NA> A <NA> <NA>\n")
+    hyps = {"long": engine_result([{"speaker": 0, "start": 0.0, "end": 11.0, "text": " ".join(["word"] * 19)},
+                                   {"speaker": 1, "start": 11.0, "end": 20.0, "text": " ".join(["talk"] * 20)}],
+                                  20.0),
+            "short": engine_result([{"speaker": 0, "start": 0.0, "end": 1.0, "text": "yes"},
+                                    {"speaker": 1, "start": 1.0, "end": 2.0, "text": "oh no"}], 2.0)}
+    report = evaluate(d, lambda p, **h: hyps[Path(p).stem], collars=(0.0,))
+    o, items = report["overall"], {r["id"]: r for r in report["items"]}
+
+    refs = {k: load_references(next(i for i in discover(d)[0] if i.audio.stem == k)) for k in hyps}
+    ts = {k: Transcript.from_engine(v) for k, v in hyps.items()}
+    ref_text = [" ".join(x.text for x in refs[k].speaker_lines) for k in hyps]
+    assert o["wer"] == pytest.approx(jiwer.wer(ref_text, [ts[k].text for k in hyps]))  # jiwer over all items
+    cp = [items[f"{k}.wav"]["cp_detail"]["words"] for k in hyps]  # meeteval's own per-item error rates
+    assert o["cpwer"] == pytest.approx((cp[0]["errors"] + cp[1]["errors"]) / (cp[0]["length"] + cp[1]["length"]))
+    der, jer = DiarizationErrorRate(skip_overlap=False), JaccardErrorRate(skip_overlap=False)
+    for k in hyps:  # pyannote's own accumulation over the items
+        hyp = hypothesis_annotation(ts[k], k)
+        uem = Annotation(uri=k)
+        uem[Segment(0, ts[k].duration)] = "x"
+        der(refs[k].rttm, hyp, uem=uem.get_timeline())
+        jer(refs[k].rttm, hyp, uem=uem.get_timeline())
+    assert o["der_c0"] == pytest.approx(abs(der)) and o["jer_c0"] == pytest.approx(abs(jer))
+    for m in ("wer", "cpwer", "der_c0", "jer_c0"):
+        mean = sum(items[f"{k}.wav"][m] for k in hyps) / 2
+        assert o[f"{m}_mean"] == pytest.approx(mean) and o[f"{m}_mean"] != pytest.approx(o[m]), m
