@@ -18,8 +18,10 @@ detected.
 **Incomplete** (with a reason for people) when any of:
 
 - ``finish_reason`` is not ``stop`` (budget, loop guard, abort, engine error);
-- the pipeline already marked it (``result["incomplete"]`` with ``incomplete_reason``: e.g. a window
-  that still failed after re-decoding, or a malformed model output);
+- the pipeline already marked it (``result["incomplete"]`` with ``incomplete_reason``: e.g. a malformed
+  model output);
+- a segment is flagged as coming from a window that still failed after re-decoding (its
+  ``"incomplete": true``; the segment's text is the best attempt, so it counts as transcribed);
 - more than :data:`MAX_UNCOVERED_S` seconds *and* more than :data:`MAX_UNCOVERED_FRACTION` of the
   detected speech have no text.
 
@@ -137,7 +139,8 @@ def speech_coverage(segments: Iterable[Any], speech: Any, non_speech: Any = None
 def assess(result: dict[str, Any]) -> Completeness:
     """The completeness verdict for an engine result dict (keys read: ``finish_reason``, ``segments``,
     ``speech``, ``non_speech``, ``coverage``, ``incomplete``, ``incomplete_reason``); rules in the module
-    docstring. Without ``speech`` the result's own ``coverage`` is kept as given (or ``None``)."""
+    docstring. Without ``speech`` the result's own ``coverage`` is kept as given (or ``None``). Segments may
+    be dicts or objects with ``start``/``end`` (only dicts carry the ``incomplete`` flag)."""
     finish = result.get("finish_reason") or "stop"
     finish = getattr(finish, "value", finish)
     coverage = result.get("coverage")
@@ -155,6 +158,11 @@ def assess(result: dict[str, Any]) -> Completeness:
         return Completeness(coverage, True, result.get("incomplete_reason") or _FINISH_REASONS.get(finish, finish))
     if result.get("incomplete"):
         return Completeness(coverage, True, result.get("incomplete_reason") or "marked incomplete by the pipeline")
+    failed = _spans(s for s in result.get("segments") or [] if isinstance(s, dict) and s.get("incomplete"))
+    if failed:
+        where = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in failed[:5]) + (", ..." if len(failed) > 5 else "")
+        return Completeness(coverage, True, f"the text at {where} comes from windows that still failed after "
+                                            "re-decoding")
     if (uncovered is not None and coverage is not None and uncovered > MAX_UNCOVERED_S
             and 1.0 - coverage > MAX_UNCOVERED_FRACTION):
         return Completeness(coverage, True, f"{uncovered:.1f} s of the detected speech ({100 * (1 - coverage):.0f}%) "

@@ -214,7 +214,7 @@ class Transcript(BaseModel):
         duration = _ms(duration)
         finish = result.get("finish_reason") or "stop"
         finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
-        verdict = assess({**result, "finish_reason": finish, "segments": [s.model_dump() for s in segments]})
+        verdict = assess({**result, "finish_reason": finish})  # the pipeline's input: the same verdict
         coverage = None if verdict.coverage is None else round(verdict.coverage, 4)
         no_speech = bool(result.get("no_speech")) or (not segments and finish == "stop")
         incomplete, reason = verdict.incomplete, verdict.reason

@@ -86,3 +86,11 @@ def test_transcript_applies_the_same_rule():
     assert assess({**r, **v.fields()}) == v
     ok = Transcript.from_engine(result([seg(0.2, 9.9)], [[0, 10]], duration=10.0))
     assert not ok.incomplete and ok.coverage == pytest.approx(0.97)
+
+
+def test_a_segment_of_a_window_that_still_failed_makes_it_incomplete():
+    r = result([seg(0, 10), {**seg(10, 20), "incomplete": True}], [[0, 20]])
+    v = assess(r)
+    assert v.coverage == 1.0 and v.incomplete
+    assert v.reason == "the text at 10.0-20.0 s comes from windows that still failed after re-decoding"
+    assert Transcript.from_engine(r).incomplete_reason == v.reason  # the service reads the same flag
