@@ -75,10 +75,16 @@ def normalise_level(wave: np.ndarray) -> np.ndarray:
     n = wave.size // hop
     if n == 0:
         return wave
-    rms = np.sqrt((wave[: n * hop].astype(np.float64).reshape(n, hop) ** 2).mean(1))
+    frames = wave[: n * hop].reshape(n, hop)
+    rms = np.empty(n)
+    block = 36_000  # an hour of 100 ms frames at a time: float64 temporaries stay ~0.5 GB on any recording
+    for i in range(0, n, block):
+        f = frames[i : i + block].astype(np.float64)
+        rms[i : i + block] = np.sqrt((f * f).mean(1))
     level = 20 * np.log10(np.percentile(rms, 95) + 1e-10)
     gain_db = float(np.clip(TARGET_DBFS - level, 0.0, MAX_GAIN_DB))
-    return np.clip(wave * np.float32(10 ** (gain_db / 20)), -1.0, 1.0).astype(np.float32)
+    out = np.multiply(wave, np.float32(10 ** (gain_db / 20)), dtype=np.float32)  # one copy, clipped in place
+    return np.clip(out, -1.0, 1.0, out=out)
 
 
 def speech_probabilities(wave: np.ndarray) -> np.ndarray:

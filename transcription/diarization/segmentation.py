@@ -216,10 +216,10 @@ def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None, 
     Raises:
         Canceled: ``should_cancel()`` returned True.
     """
-    edge = np.zeros(EDGE_FRAMES * FRAME_STEP, np.float32)
-    wave = np.concatenate([edge, np.asarray(wave, dtype=np.float32).reshape(-1), edge])
+    wave = np.asarray(wave, dtype=np.float32).reshape(-1)
+    pad = EDGE_FRAMES * FRAME_STEP  # silence before and after, read on the fly: no padded copy of the recording
     size = int(CHUNK_S * SAMPLE_RATE)
-    offsets = chunk_offsets(wave.size, step_s)
+    offsets = chunk_offsets(wave.size + 2 * pad, step_s)
     model = load_segmentation(device)
     batch = batch or (64 if device.startswith("cuda") else 8)
     out = []
@@ -228,8 +228,9 @@ def segment(wave: np.ndarray, step_s: float = STEP_S, batch: int | None = None, 
             check(should_cancel)
             xs = []
             for o in offsets[k : k + batch]:
-                x = wave[o * FRAME_STEP : o * FRAME_STEP + size]
-                xs.append(np.pad(x, (0, size - x.size)))
+                s = o * FRAME_STEP - pad  # chunk start in the recording; negative inside the leading silence
+                x = wave[max(0, s) : max(0, s + size)]
+                xs.append(np.pad(x, (max(0, -s), size - x.size - max(0, -s))))
             x = torch.from_numpy(np.stack(xs)).unsqueeze(1).to(device)
             out.append(model(x).exp().float().cpu().numpy())
     return offsets - EDGE_FRAMES, np.concatenate(out).astype(np.float32)
@@ -246,7 +247,7 @@ def segment_cached(wave: np.ndarray, step_s: float = STEP_S, device: str = "cpu"
     of the samples): speech detection and diarization of one recording share one pass of the model. A
     canceled pass (:class:`Canceled`) is not remembered."""
     wave = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
-    key = (hashlib.blake2b(wave.tobytes(), digest_size=16).digest(), wave.size, float(step_s))
+    key = (hashlib.blake2b(memoryview(wave), digest_size=16).digest(), wave.size, float(step_s))  # no copy
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
