@@ -29,6 +29,8 @@ class PcmFormat:
     Attributes:
         channels, frames: the body's shape; sample_rate: Hz (the engine refuses any but its models' rate).
         source_sample_rate (Hz), source_channels, codec, container: of the uploaded file (FFmpeg names).
+        nonfinite, source_values: NaN/inf sample values the decoder replaced by 0, of the values it read
+            (``diarist.pcm``; the engine reports them in the result's warnings).
     """
 
     channels: int
@@ -38,6 +40,8 @@ class PcmFormat:
     source_channels: int
     codec: str = ""
     container: str = ""
+    nonfinite: int = 0
+    source_values: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -64,4 +68,7 @@ class PcmFormat:
             raise ValueError(f"the PCM header's counts must be positive integers: {raw}")
         if not isinstance(fmt.codec, str) or not isinstance(fmt.container, str):
             raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
+        counts = (fmt.nonfinite, fmt.source_values)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+            raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")  # noqa: TRY004
         return fmt

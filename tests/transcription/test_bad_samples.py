@@ -94,3 +94,16 @@ def test_speech_with_nan_samples_is_transcribed_not_read_as_silence(whisper_engi
     assert t.text == Transcript.from_engine(ref).text  # five zeroed samples change nothing audible
     assert [(w.code, w.count) for w in t.warnings] == [("invalid_samples", 5)]
     assert ref["warnings"] == []
+
+
+def test_the_count_crosses_the_worker_to_engine_wire(clean, tmp_path):
+    """Workers decode and send PCM: the replaced values travel in the PCM header to the engine's result."""
+    from diarist.engine_wire import PcmFormat
+    from transcription.audio import DecodedAudio
+
+    audio = decode_audio(float_wav(tmp_path / "bad.wav", with_bad(clean, BAD)))
+    fmt = PcmFormat.from_header(audio.pcm_format().to_header())
+    back = DecodedAudio.from_pcm(fmt, b"".join(audio.pcm_chunks()))
+    assert back.warnings == audio.warnings and back.nonfinite == len(BAD)
+    with pytest.raises(ValueError, match="nonfinite"):
+        PcmFormat.from_header(fmt.to_header().replace('"nonfinite": 5', '"nonfinite": -1'))

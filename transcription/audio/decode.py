@@ -84,7 +84,8 @@ class DecodedAudio:
         """The wire layout of :meth:`pcm_bytes` (``diarist.engine_wire``)."""
         return PcmFormat(channels=self.samples.shape[0], frames=self.samples.shape[1], sample_rate=SAMPLE_RATE,
                          source_sample_rate=self.source_sample_rate, source_channels=self.source_channels,
-                         codec=self.codec, container=self.container)
+                         codec=self.codec, container=self.container, nonfinite=self.nonfinite,
+                         source_values=self.source_values)
 
     def pcm_chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         """The samples as float32 little endian, channel-major, in pieces of ``chunk_bytes`` (a request body
@@ -106,7 +107,8 @@ class DecodedAudio:
             raise AudioError("invalid_pcm", f"PCM body of {len(body)} bytes; the header says {fmt.nbytes}")
         samples = np.frombuffer(body, dtype="<f4").reshape(fmt.channels, fmt.frames)
         return cls(samples=samples, source_sample_rate=fmt.source_sample_rate,
-                   source_channels=fmt.source_channels, codec=fmt.codec, container=fmt.container)
+                   source_channels=fmt.source_channels, codec=fmt.codec, container=fmt.container,
+                   nonfinite=fmt.nonfinite, source_values=fmt.source_values)
 
 
 Source = str | Path | bytes | BinaryIO
