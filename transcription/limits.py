@@ -1,10 +1,12 @@
 """How long a recording each model family takes, and why (torch-free: the API checks it at submit).
 
 - **Whisper cascade** (``whisper``): windows of at most 30 s decode independently, so the model has no
-  length limit; memory grows with the recording only through what the pipeline keeps for all of it (the
-  16 kHz samples, 64 MB per hour, and the speaker cascade's per-chunk activity and embeddings). The
-  bound is :data:`WHISPER_MAX_DURATION_S` (6 h), where that stays a few GB: the peak RSS measured on a
-  4 h recording is in ``benchmarks/results/long_recording_cpu.json``.
+  length limit; memory grows with the recording only through what the pipeline keeps for all of it: the
+  16 kHz float32 samples (230 MB per hour), each window's log-mel (115 MB per hour) and, for word
+  alignment, its encoder output (tiny.en: 276 MB per hour) until the transcript is assembled, the
+  segmentation model's per-chunk output (24 MB per hour) and the clustering's pairwise distances (quadratic:
+  about 0.7 GB at 6 h). The bound is :data:`WHISPER_MAX_DURATION_S` (6 h). Measured peak RSS
+  (``benchmarks/bench_long_recording.py``, results ``benchmarks/results/long_recording_cpu_*.json``).
 - **MOSS-TD** (``moss-td``): one sequence holds the whole recording, so the limit is what its context
   holds: the prompt (12.5 audio tokens per second, the time-marker digits, the chat template) plus the
   default output budget (:func:`default_budget`, 10 tokens per audio second) within
