@@ -18,8 +18,9 @@ detected.
 **Incomplete** (with a reason for people) when any of:
 
 - ``finish_reason`` is not ``stop`` (budget, loop guard, abort, engine error);
-- the pipeline already marked it (``result["incomplete"]`` with ``incomplete_reason``: e.g. a malformed
-  model output);
+- the pipeline already marked it (``result["incomplete"]`` with ``incomplete_reason``);
+- the model's output had to be repaired by the parser (MOSS-TD's ``result["parse_issues"]``: a last
+  segment without an end time, a cut-off tag, ...; the text is kept);
 - a segment is flagged as coming from a window that still failed after re-decoding (its
   ``"incomplete": true``; the segment's text is the best attempt, so it counts as transcribed);
 - more than :data:`MAX_UNCOVERED_S` seconds *and* more than :data:`MAX_UNCOVERED_FRACTION` of the
@@ -138,7 +139,7 @@ def speech_coverage(segments: Iterable[Any], speech: Any, non_speech: Any = None
 
 def assess(result: dict[str, Any]) -> Completeness:
     """The completeness verdict for an engine result dict (keys read: ``finish_reason``, ``segments``,
-    ``speech``, ``non_speech``, ``coverage``, ``incomplete``, ``incomplete_reason``); rules in the module
+    ``speech``, ``non_speech``, ``coverage``, ``incomplete``, ``incomplete_reason``, ``parse_issues``); rules in the module
     docstring. Without ``speech`` the result's own ``coverage`` is kept as given (or ``None``). Segments may
     be dicts or objects with ``start``/``end`` (only dicts carry the ``incomplete`` flag)."""
     finish = result.get("finish_reason") or "stop"
@@ -158,6 +159,8 @@ def assess(result: dict[str, Any]) -> Completeness:
         return Completeness(coverage, True, result.get("incomplete_reason") or _FINISH_REASONS.get(finish, finish))
     if result.get("incomplete"):
         return Completeness(coverage, True, result.get("incomplete_reason") or "marked incomplete by the pipeline")
+    if issues := result.get("parse_issues"):
+        return Completeness(coverage, True, "malformed model output: " + "; ".join(map(str, issues)))
     failed = _spans(s for s in result.get("segments") or [] if isinstance(s, dict) and s.get("incomplete"))
     if failed:
         where = ", ".join(f"{a:.1f}-{b:.1f} s" for a, b in failed[:5]) + (", ..." if len(failed) > 5 else "")

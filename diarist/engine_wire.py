@@ -70,5 +70,5 @@ class PcmFormat:
             raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
         counts = (fmt.nonfinite, fmt.source_values)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
-            raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")  # noqa: TRY004
+            raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")
         return fmt

@@ -19,14 +19,8 @@ from __future__ import annotations
 
 import math
 
-from engine.models.moss_td_prompt import (
-    DEFAULT_MARKER_EVERY_S,
-    SAMPLES_PER_TOKEN,
-    TOKENS_PER_SECOND,
-    window_token_counts,
-)
-
 SAMPLE_RATE = 16_000
+DEFAULT_MARKER_EVERY_S = 2  # engine.models.moss_td_prompt's default (the test checks they agree)
 WHISPER_MAX_DURATION_S = 6 * 3600.0
 """Longest recording the Whisper cascade takes (seconds); see the module docstring for the memory it needs."""
 MOSS_TD_CONTEXT = 131_072
@@ -37,6 +31,9 @@ MIN_BUDGET_TOKENS = 512
 """Default MOSS-TD output budget floor (tokens)."""
 TEMPLATE_TOKENS = 128
 """Upper bound on the chat template's tokens around the audio span (the default instruction makes 86)."""
+MOSS_TD_MAX_DURATION_S = 5367.2
+"""``moss_td_max_duration_s()`` for the defaults, kept as a number so that the API checks it without importing
+the model's audio facts (which import torch); ``tests/transcription/test_limits.py`` checks they agree."""
 
 
 def default_budget(duration_s: float, checkpoint_default: int | None = None) -> int:
@@ -52,6 +49,8 @@ def default_budget(duration_s: float, checkpoint_default: int | None = None) -> 
 def moss_td_prompt_tokens(duration_s: float, marker_every_s: int = DEFAULT_MARKER_EVERY_S) -> int:
     """Prompt tokens of a ``duration_s`` recording: its audio tokens, one digit token per digit of each
     time marker, and :data:`TEMPLATE_TOKENS` for the template (an upper bound)."""
+    from engine.models.moss_td_prompt import TOKENS_PER_SECOND, window_token_counts  # imports torch
+
     samples = round(duration_s * SAMPLE_RATE)
     audio = sum(window_token_counts(samples))
     digits = 0
@@ -63,6 +62,8 @@ def moss_td_prompt_tokens(duration_s: float, marker_every_s: int = DEFAULT_MARKE
 
 def moss_td_max_duration_s(context: int = MOSS_TD_CONTEXT, marker_every_s: int = DEFAULT_MARKER_EVERY_S) -> float:
     """Longest recording (seconds, to 0.1 s) whose prompt plus default output budget fits ``context``."""
+    from engine.models.moss_td_prompt import SAMPLES_PER_TOKEN
+
     def fits(d: float) -> bool:
         return moss_td_prompt_tokens(d, marker_every_s) + default_budget(d) <= context
 
@@ -79,5 +80,5 @@ def max_duration_s(family: str) -> float:
     if family == "whisper":
         return WHISPER_MAX_DURATION_S
     if family == "moss-td":
-        return moss_td_max_duration_s()
+        return MOSS_TD_MAX_DURATION_S
     raise ValueError(f"unknown model family {family!r}")

@@ -17,8 +17,8 @@ import torch
 
 from engine.models.mel import SAMPLE_RATE
 from engine.models.moss_td_prompt import build_prompt
-from transcription.limits import default_budget
 from engine.request import RequestRejected, Sequence
+from transcription.limits import default_budget
 from transcription.repetition import RepetitionGuard
 
 MIN_OUTPUT_TOKENS = 64  # a prompt that leaves less than this cannot give a useful transcript

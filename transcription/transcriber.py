@@ -29,8 +29,8 @@ from engine.streaming import IncrementalDetokenizer
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
-from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
+from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.progress import EventFn, WindowProgress
 from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (

@@ -94,3 +94,8 @@ def test_a_segment_of_a_window_that_still_failed_makes_it_incomplete():
     assert v.coverage == 1.0 and v.incomplete
     assert v.reason == "the text at 10.0-20.0 s comes from windows that still failed after re-decoding"
     assert Transcript.from_engine(r).incomplete_reason == v.reason  # the service reads the same flag
+
+
+def test_malformed_model_output_is_incomplete():
+    v = assess(result([seg(0, 10)], [[0, 10]], parse_issues=["last segment has no end time"]))
+    assert v.incomplete and v.reason == "malformed model output: last segment has no end time"

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diarist.completeness import assess
 from diarist.transcript import Transcript
 from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.request import FinishReason, Sequence
 from engine.tokenizer import TextTokenizer
 from transcription.moss_td_parser import MossParse, MossStreamParser, parse_moss_td, parse_moss_td_report
 from transcription.moss_td_pipeline import moss_result
-from transcription.transcriber import _mark_completeness
 
 # (input as the official tests chunk it, expected (start, end, speaker, text) segments)
 OFFICIAL = [
@@ -66,7 +66,7 @@ def test_a_malformed_tail_keeps_its_text_and_marks_the_job_incomplete(tail, kept
     assert res["segments"][-1]["text"] == kept
     result = {"duration": 10.0, "segments": res["segments"], "finish_reason": "stop", "metrics": {},
               "family": "moss-td", "parse_issues": res["parse_issues"], "model": "m"}
-    _mark_completeness(result)
+    result.update(assess(result).fields())  # what the transcriber does at the end
     assert result["incomplete"] and issue in result["incomplete_reason"]
     assert result["incomplete_reason"].startswith("malformed model output: ")
     t = Transcript.from_engine(result)
