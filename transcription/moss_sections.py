@@ -146,8 +146,8 @@ def transcribe_sections(engine, wave: np.ndarray, options, on_event, should_canc
     from transcription.audio.vad import detect_speech
     from transcription.diarization.embedders import CamPlusPlusEmbedder
     from transcription.diarization.pipeline import THRESHOLD
-    from transcription.moss_td_pipeline import build_moss_sequence, moss_result
     from transcription.errors import EngineError
+    from transcription.moss_td_pipeline import build_moss_sequence, moss_result
 
     duration = len(wave) / SAMPLE_RATE
     prompt = getattr(options, "prompt", None)
