@@ -15,28 +15,22 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from engine.engine import Engine
-from engine.models.mel import HOP_LENGTH, N_FRAMES
-from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
-from engine.streaming import IncrementalDetokenizer
-from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
+from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
-from transcription.errors import EngineError
-from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
-from transcription.progress import EventFn, WindowProgress
+from engine.engine import Engine
+from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
-from transcription.whisper_decoding import (
-    WhisperTimestampRules,
-    WhisperTokens,
-    split_segments,
-    whisper_prompt,
-)
+from engine.request import FinishReason, RequestRejected, Sequence
+from engine.sampling import SamplingParams
+from transcription.window_decoder import WindowDecoder, WindowResult
+from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
 from transcription.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48
@@ -45,8 +39,8 @@ WHISPER_LOOP_MIN_SPAN = 48
 
 WHISPER_TOKENS_PER_S = 10.0
 """Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
-few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer, sgl-project/sglang-omni
-#1034, uses the same factor)."""
+few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer uses the same factor,
+``shared/docs/moss_td.md`` §4)."""
 
 
 def window_budget(window_s: float) -> int:
@@ -55,16 +49,19 @@ def window_budget(window_s: float) -> int:
     return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
 
 
+class EngineError(RuntimeError):
+    """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
+
+    code = "engine_error"
+
+
 @dataclass
 class TranscribeOptions:
     """Per-request options (names follow OpenAI / AssemblyAI).
 
     Attributes:
         language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
-            (``unsupported_language``) instead of writing English-sounding text for it; a multilingual one
-            decodes in it, and detects the language when it is ``None`` (:mod:`transcription.language`).
-        task: ``transcribe`` (text in the speech's language) or ``translate`` (English text; multilingual
-            Whisper only, else ``unsupported_task``).
+            (``unsupported_language``) instead of writing English-sounding text for it.
         prompt: text that conditions the decoder (vocabulary, spelling).
         num_speakers / min_speakers / max_speakers: hints for speaker clustering.
         multichannel: one speaker per channel: transcribe each channel, label by channel.
@@ -77,7 +74,6 @@ class TranscribeOptions:
     """
 
     language: str | None = None
-    task: str = "transcribe"
     prompt: str | None = None
     num_speakers: int | None = None
     min_speakers: int | None = None
@@ -110,26 +106,20 @@ class Transcriber:
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
                              f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
-        # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
-        self.frontend = Frontend.for_family(self.family)
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
             self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
                                                conf.get("suppress_ids_begin", [220, self.tokens.eot]))
             self.alignment_heads = conf.get("alignment_heads", [])
-            self.languages = WhisperLanguages(engine.tokenizer, self.tokens, conf.get("lang_ids", []))
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
                    on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
-        """Transcribe a recording (path, bytes, binary file object, or audio its caller decoded:
-        :class:`transcription.audio.DecodedAudio`).
+        """Transcribe a recording (path, bytes or binary file object).
 
         Returns:
-            A JSON-able dict: ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
-            (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
-            ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
+            A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
@@ -141,22 +131,17 @@ class Transcriber:
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
             RequestRejected: the recording cannot fit the model's context (``too_long``); a language
-                the model does not transcribe (``unsupported_language``); a task it cannot do
-                (``unsupported_task``: translate on an English-only model or on MOSS-TD).
+                the model does not transcribe (``unsupported_language``).
             EngineError: a sequence failed inside the engine.
         """
         opts = options or TranscribeOptions()
-        if self.family == "whisper":
-            self.languages.check(opts.language, opts.task, self.engine.loaded.info.get("name"))
-        elif opts.task != "transcribe":
-            raise RequestRejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
-                                  f"task={opts.task!r} was asked for")
+        if (self.family == "whisper" and self.tokens.english_only and opts.language
+                and opts.language.lower() not in ("en", "english")):
+            raise RequestRejected("unsupported_language",
+                                  f"{self.engine.loaded.info.get('name')} transcribes English only; "
+                                  f"language={opts.language!r} was asked for")
         t0 = time.perf_counter()
-        if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
-            audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
-                source, samples=source.samples.mean(axis=0, keepdims=True))
-        else:
-            audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
+        audio = decode_audio(source, mono=not opts.multichannel)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
@@ -166,7 +151,7 @@ class Transcriber:
             result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                      fixed_output_tokens=self.fixed_output_tokens)
             result["model"] = self.engine.loaded.info.get("name")
-            result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
+            result["language"] = opts.language
             result["family"] = "moss-td"
         elif opts.multichannel and audio.samples.shape[0] > 1:
             result = self._multichannel(audio.samples, opts, should_cancel)
@@ -177,26 +162,28 @@ class Transcriber:
         result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
-        if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
-            result["random_weights"] = True
         _mark_completeness(result)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
         return result
 
     # -- whisper ----------------------------------------------------------------------------------------
-    def _speech(self, wave: np.ndarray) -> list[tuple[float, float]]:
+    def _speech(self, wave: np.ndarray) -> tuple[list[tuple[float, float]], Callable[[float, float], float | None]
+                                                  | None]:
+        """Speech regions (seconds) and the VAD's confidence over a span (``SpeechAnalysis.confidence``;
+        ``None`` without a VAD, when everything counts as speech)."""
         try:
-            from transcription.audio.vad import detect_speech
+            from transcription.audio.vad import analyse_speech
         except ImportError:  # VAD module not installed: treat everything as speech
-            return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
-        return detect_speech(wave, device=self.cascade_device)
+            return ([(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []), None
+        vad = analyse_speech(wave, device=self.cascade_device)
+        return vad.regions, vad.confidence
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
         duration = len(wave) / SAMPLE_RATE
         t_vad = time.perf_counter()
-        speech = self._speech(wave)
+        speech, vad_confidence = self._speech(wave)
         vad_s = time.perf_counter() - t_vad
         windows = pack_windows(speech)
         metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
@@ -206,20 +193,17 @@ class Transcriber:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
-            choice = self.languages.choose(opts.language, opts.task, lambda: None)
-            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice)
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
-        seqs, choice = self._run_windows(wave, windows, opts, on_event, should_cancel)
-        segments: list[dict] = []
-        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
-        for w, seq in zip(windows, seqs, strict=True):
-            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps,
-                                                  split_characters=by_char))
-        reasons = {s.finish_reason for s in seqs}
-        finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
-                       if r in reasons), FinishReason.STOP.value)
+        want_words = diarize and opts.word_timestamps
+        decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence)
+        results = decoder.run(windows, should_cancel)
+        seqs = decoder.sequences
+        segments = [seg for r in results for seg in r.segments]
+        finish = window_finish(results, decoder.canceled).value
+        metrics.update(window_metrics(results, seqs))
         t_d = time.perf_counter()
         turns = None
         if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
@@ -232,85 +216,51 @@ class Transcriber:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
-        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice)
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments)
+        result["windows"] = [r.as_dict() for r in results]
+        if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
+            result["incomplete_reason"] = reason
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
 
-    def _detect_language(self, mel: torch.Tensor, opts: TranscribeOptions,
-                         should_cancel: Callable[[], bool] | None) -> LanguageChoice | None:
-        """Language of one window (:meth:`WhisperLanguages.detection_sequence`); ``None`` if canceled."""
-        seq = self.languages.detection_sequence(mel, opts.admission_class)
-        self.engine.submit(seq)
-        self.engine.run_until_done([seq], should_cancel=should_cancel)
-        if seq.finish_reason == FinishReason.ERROR:
-            raise EngineError(seq.error or "engine step failed")
-        return self.languages.detected(seq)
-
-    def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
-                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None
-                     ) -> tuple[list[Sequence], LanguageChoice]:
-        mels = [log_mel_spectrogram(torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)]),
-                                    self.engine.model.config.num_mel_bins)[0] for w in windows]
-        # the first speech window decides the language of all of them (OpenAI whisper's rule)
-        choice = self.languages.choose(opts.language, opts.task,
-                                       lambda: self._detect_language(mels[0], opts, should_cancel))
-        language_id, task_id = self.languages.prompt_ids(choice)
+    def _decoder(self, wave: np.ndarray, speech: list[tuple[float, float]], opts: TranscribeOptions,
+                 on_event: EventFn | None, want_words: bool,
+                 vad_confidence: Callable[[float, float], float | None] | None) -> WindowDecoder:
+        """A :class:`WindowDecoder` for one recording: attempts share the prompt, rules and options."""
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
-        prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
-        progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
-        seqs: list[Sequence] = []
-        # listeners run on this thread, not the engine's loop thread; tokens come in batches of the delta window
-        inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
-        keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
-        for i, (w, mel) in enumerate(zip(windows, mels, strict=True)):
-            detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+        prompt = whisper_prompt(self.tokens, prompt_ids)
+        keep = want_words and bool(self.alignment_heads)
+        duration = len(wave) / SAMPLE_RATE
+        ts0 = self.tokens.timestamp_begin
+
+        def new_sequence(w: Window, sampling: SamplingParams) -> Sequence:
+            chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
+            mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
-            ts0 = self.tokens.timestamp_begin
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).
-            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN,
-                                    canonical=lambda t, ts0=ts0: min(ts0, t))
-            seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
-                           stop_checker=guard, tag=i, admission_class=opts.admission_class)
-            seq.on_event, seq.inbox = self._make_listener(i, detok, progress, w), inbox
-            seqs.append(seq)
-        for seq in seqs:
-            self.engine.submit(seq)
-        self.engine.run_until_done(seqs, should_cancel=should_cancel)
-        errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
-        if errors:
-            raise EngineError(errors[0].error or "engine step failed")
-        return seqs, choice
+            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
+            return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
+                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
+                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class)
 
-    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: WindowProgress, w: Window):
-        def listener(seq: Sequence, kind: str, payload: Any) -> None:
-            if kind == "token":
-                delta = detok.push(payload)
-                if delta:
-                    progress.text(index, delta)
-            elif kind == "finished":
-                rest = detok.flush()
-                if rest:
-                    progress.text(index, rest)
-                segs = [{"start": w.start + r.start, "end": w.start + r.end,
-                         "text": self.engine.tokenizer.decode(r.token_ids).strip()}
-                        for r in split_segments(self.tokens, self._kept(seq), w.duration)]
-                progress.window_done(index, segs)
-        return listener
+        def finalize(r: WindowResult) -> list[dict]:
+            segs = self._window_segments(r.window, r.seq, r.output_ids, duration, want_words)
+            if r.flag is not None:
+                for seg in segs:
+                    seg["flags"] = [r.flag]
+            return segs
 
-    @staticmethod
-    def _kept(seq: Sequence) -> list[int]:
-        """Output ids without a repeated tail the loop guard stopped."""
-        if seq.finish_reason == FinishReason.REPETITION and isinstance(seq.stop_checker, RepetitionGuard):
-            return seq.stop_checker.kept_output(seq.output_ids)
-        return seq.output_ids
+        return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
+                             speech, on_event, vad_confidence)
 
-    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool,
-                         split_characters: bool = False) -> list[dict]:
+    def _window_segments(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
+                         want_words: bool) -> list[dict]:
+        """Segments (absolute seconds, clamped to ``[0, duration]``) of the tokens ``output_ids`` decoded
+        from window ``w``, with aligned words when ``want_words`` and the attempt kept its encoder output
+        (which is dropped here)."""
         tok = self.engine.tokenizer
-        output_ids = self._kept(seq)
         out = []
         words_all: list[dict] = []
         enc = seq.mm_state.pop("encoder", None)
@@ -320,10 +270,9 @@ class Transcriber:
             except ImportError:
                 align_words = None
             if align_words is not None:
-                # mel frames of real audio (100 per second)
-                n_frames = min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH)))
+                n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
-                                        self.alignment_heads, n_frames, split_characters=split_characters)
+                                        self.alignment_heads, n_frames)
         for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
             text = tok.decode(raw.token_ids).strip()
             if not text:
@@ -372,12 +321,13 @@ class Transcriber:
         metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
                        channels=samples.shape[0])
         finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
-        # channels are decoded (and detected) apart; the first that found a language speaks for the file
-        found = next((r for r in results if r["language"] is not None), results[0])
-        choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
-                                found["task"])
-        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
-                            language=choice)
+        out = self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments)
+        out["windows"] = [{**w, "channel": ch} for ch, r in enumerate(results) for w in r.get("windows", [])]
+        reasons = [f"channel {ch + 1}: {r['incomplete_reason']}" for ch, r in enumerate(results)
+                   if r.get("incomplete_reason")]
+        if reasons:
+            out["incomplete_reason"] = "; ".join(reasons)
+        return out
 
     # -- result ------------------------------------------------------------------------------------------
     @staticmethod
@@ -392,12 +342,11 @@ class Transcriber:
             "output_tokens": sum(len(s.output_ids) for s in seqs),
         }
 
-    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool,
-                language: LanguageChoice) -> dict:
+    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool) -> dict:
         last_end = max((s["end"] for s in segments), default=0.0)
         return {
             "duration": duration,
-            **language.result_fields(),
+            "language": "en" if self.family == "whisper" and self.tokens.english_only else None,
             "model": self.engine.loaded.info.get("name"),
             "segments": segments,
             "finish_reason": finish,
@@ -442,19 +391,13 @@ INCOMPLETE_GAP_S = 30.0
 
 
 def _mark_completeness(result: dict) -> None:
-    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, malformed MOSS-TD output
-    (``parse_issues``: a last segment without an end time, a cut-off tag, ...), or a last segment that ends
-    far before the speech does, is never reported as a silent success."""
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
+    ends far before the speech does, is never reported as a silent success."""
     finish = result.get("finish_reason")
     if finish in ("length", "repetition", "abort", "error"):
         result["incomplete"] = True
-        result["incomplete_reason"] = {"length": "output budget reached", "repetition": "repetition loop stopped",
+        result["incomplete_reason"] = result.get("incomplete_reason") or {"length": "output budget reached", "repetition": "repetition loop stopped",
                                        "abort": "aborted", "error": "engine error"}[finish]
-        return
-    issues = result.get("parse_issues") or []
-    if issues:  # MOSS-TD output the parser had to repair: kept, but never reported as a clean success
-        result["incomplete"] = True
-        result["incomplete_reason"] = "malformed model output: " + "; ".join(issues)
         return
     segments = result.get("segments") or []
     last_end = max((s["end"] for s in segments), default=0.0)
