@@ -24,7 +24,13 @@ import torch
 from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from engine.engine import Engine
-from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, split_segments, whisper_prompt
+from transcription.whisper_decoding import (
+    TIME_PRECISION,
+    WhisperTimestampRules,
+    WhisperTokens,
+    split_segments,
+    whisper_prompt,
+)
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from engine.request import FinishReason, RequestRejected, Sequence
@@ -234,7 +240,7 @@ class Transcriber:
         duration = len(wave) / SAMPLE_RATE
         ts0 = self.tokens.timestamp_begin
 
-        def new_sequence(w: Window, sampling: SamplingParams) -> Sequence:
+        def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
             chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
             mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
@@ -242,7 +248,8 @@ class Transcriber:
             # a window early (timestamps count as one class, so advancing times still form a loop).
             guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
             return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                            mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
+                            mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
+                            logits_processor=self.rules,
                             sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class)
 
         def finalize(r: WindowResult) -> list[dict]:
@@ -253,7 +260,33 @@ class Transcriber:
             return segs
 
         return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence)
+                             speech, on_event, vad_confidence, self._cut_at_word)
+
+    def _cut_at_word(self, seq: Sequence, ids: list[int], w: Window, limit_s: float
+                     ) -> tuple[list[int], float] | None:
+        """``ids`` up to the last aligned word that ends by ``limit_s`` (seconds into ``w``), closed by a
+        timestamp token at that word's end, and that end; ``None`` without the attempt's encoder output."""
+        enc = seq.mm_state.get("encoder")
+        if enc is None or not self.alignment_heads:
+            return None
+        from transcription.whisper_align import align_words
+
+        words = align_words(self.engine.model, self.engine.tokenizer, enc, seq.prompt_ids, ids,
+                            self.alignment_heads, min(3000, math.ceil(w.duration * 100)))
+        kept = [x for x in words if x["end"] <= limit_s]
+        if not kept:
+            return None
+        n_text, end = sum(len(x["tokens"]) for x in kept), kept[-1]["end"]
+        out, seen = [], 0
+        for tok in ids:
+            if seen == n_text:
+                break
+            out.append(tok)
+            seen += tok < self.tokens.eot
+        while out and out[-1] >= self.tokens.timestamp_begin:  # a segment closed just before: close it anew
+            out.pop()
+        step = min(round(end / TIME_PRECISION), round(30.0 / TIME_PRECISION))
+        return [*out, self.tokens.timestamp_begin + step], step * TIME_PRECISION
 
     def _window_segments(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
                          want_words: bool) -> list[dict]:

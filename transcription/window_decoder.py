@@ -101,21 +101,28 @@ class WindowDecoder:
         engine: the engine the sequences run on.
         tokens: the checkpoint's special ids.
         decode: token ids -> text (the tokenizer's).
-        new_sequence: ``(window, sampling) -> Sequence`` of one attempt (prompt, mel, rules, loop guard).
+        new_sequence: ``(window, sampling, cut) -> Sequence`` of one attempt (prompt, mel, rules, loop
+            guard); ``cut``: the window ends inside speech.
         finalize: ``(WindowResult) -> segments`` (absolute times), called once per final window, in
             the decoder's thread, before the next wait; it may use and drop the attempt's encoder output.
         speech: the VAD's speech regions (seconds), for seams and re-plans.
         vad_confidence: ``(start, end) -> float | None``, the VAD's mean speech probability over a span
             (``transcription.audio.vad.SpeechAnalysis.confidence``), for the silence rule; ``None``: unknown.
+        word_cut: ``(seq, ids, window, limit_s) -> (kept ids, seconds) | None``: ``ids`` up to the last word
+            that ends by ``limit_s`` seconds into the window, closed by a timestamp, and that word's end;
+            used at a hard cut when no segment closes in time (one segment over the whole window).
+            ``new_sequence`` gets ``cut=True`` for such windows so their attempts can keep what it needs.
         on_event: receives ``started``, then ``delta`` and ``segment`` events in time order; a window's text
             is sent once its decode is final (streamed text cannot be taken back after a fallback).
     """
 
     def __init__(self, engine: Engine, tokens: WhisperTokens, decode: Callable[[list[int]], str],
-                 new_sequence: Callable[[Window, SamplingParams], Sequence],
+                 new_sequence: Callable[[Window, SamplingParams, bool], Sequence],
                  finalize: Callable[[WindowResult], list[dict]], speech: list[tuple[float, float]],
                  on_event: EventFn | None = None,
-                 vad_confidence: Callable[[float, float], float | None] | None = None) -> None:
+                 vad_confidence: Callable[[float, float], float | None] | None = None,
+                 word_cut: Callable[[Sequence, list[int], Window, float], tuple[list[int], float] | None]
+                 | None = None) -> None:
         self.engine = engine
         self.t = tokens
         self.decode = decode
@@ -124,6 +131,7 @@ class WindowDecoder:
         self.speech = sorted((s, e) for s, e in speech if e > s)
         self.on_event = on_event
         self.vad_confidence = vad_confidence
+        self.word_cut = word_cut
         self.active: dict[Sequence, _Task] = {}
         self.results: list[WindowResult] = []
         self.sequences: list[Sequence] = []  # every attempt, for the metrics
@@ -201,7 +209,7 @@ class WindowDecoder:
 
     def _submit(self, task: _Task, attempt: int) -> None:
         params = SamplingParams(temperature=TEMPERATURES[attempt], seed=FALLBACK_SEED, logprobs=True)
-        seq = self.new_sequence(task.window, params)
+        seq = self.new_sequence(task.window, params, task.cut)
         seq.on_event = self._listener
         task.seq = seq
         self.active[seq] = task
@@ -249,6 +257,8 @@ class WindowDecoder:
         end = w.end
         if task.cut:
             good, t_seam = self._cut_at(ids, w.duration - SEAM_MARGIN_S)
+            if t_seam < MIN_ADVANCE_S and self.word_cut is not None:  # no segment ends in time: cut at a word
+                good, t_seam = self.word_cut(best_seq, ids, w, w.duration - SEAM_MARGIN_S) or ([], 0.0)
             if t_seam >= MIN_ADVANCE_S:
                 ids, end = good, w.start + t_seam
         self._accept(task, best_seq, best_q, ids, status, flag, end)

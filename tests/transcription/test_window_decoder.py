@@ -111,7 +111,7 @@ def decode_ids(ids: list[int]) -> str:
 def run(script: Script, speech: list[tuple[float, float]], events=None):
     eng = FakeEngine(script, speech)
 
-    def new_sequence(w: Window, sampling: SamplingParams) -> Sequence:
+    def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
         guard = RepetitionGuard(None, min_span=48, canonical=lambda t: min(T.timestamp_begin, t))
         return Sequence(prompt_ids=[T.sot], max_new_tokens=max(64, int(10 * w.duration)),
                         stop_token_ids=(T.eot,), sampling=sampling, stop_checker=guard, tag=w)
