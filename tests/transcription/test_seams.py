@@ -10,6 +10,7 @@ Americans" (5 words) at the cut.
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import shutil
 import subprocess
@@ -51,7 +52,7 @@ def assert_seams_whole(result: dict, reference: str) -> None:
     """Every seam between two windows of one speech run joins consecutive reference words: the last word
     before it and the first after it align (equal or substituted) to reference words ``j`` and ``j + 1``."""
     windows = result["windows"]
-    seams = [a["end"] for a, b in zip(windows, windows[1:], strict=False) if abs(a["end"] - b["start"]) < 1e-3]
+    seams = [a["end"] for a, b in itertools.pairwise(windows) if abs(a["end"] - b["start"]) < 1e-3]
     assert seams, f"no window was cut inside speech: {windows}"
     assert windows[0]["end"] < 30.0  # the cut window kept only what ends before the cut
     hyp_words, before = [], []
