@@ -200,6 +200,7 @@ class Transcriber:
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
             result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            result["windows"] = []
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
