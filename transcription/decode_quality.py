@@ -14,9 +14,11 @@ faster-whisper's defaults, plus our loop guard (``transcription.repetition``):
   doubts the audio too; on music and effects the model says "Mmm." or "Thank you." with a fair
   log-probability, and there the VAD's own doubt decides. Speech the VAD is sure of keeps the reference
   rule alone;
-- when every temperature fails, the best attempt is kept: one without a loop before one with, then the
-  higher mean log-probability (faster-whisper picks the same way among attempts under the compression
-  threshold).
+- when every temperature fails, the best attempt is kept: one that reached its end-of-text before one the
+  loop guard or the budget stopped (text lost), then the higher mean log-probability. Unlike
+  faster-whisper, an attempt over the compression threshold is not put last: speech that really repeats
+  (a chant, a clip played twice) compresses like a loop, and a confident greedy decode of it beats the
+  garbled text high temperatures give.
 """
 
 from __future__ import annotations
@@ -109,8 +111,9 @@ class AttemptQuality:
         return LOOP if self.looped else LOW_CONFIDENCE
 
     def rank(self) -> tuple[bool, float]:
-        """Sort key of the best attempt (larger is better): no loop first, then the mean log-probability."""
-        return (not self.looped, self.avg_logprob)
+        """Sort key of the best attempt (larger is better): reached end-of-text first, then the mean
+        log-probability."""
+        return (self.finish_reason not in (FinishReason.REPETITION, FinishReason.LENGTH), self.avg_logprob)
 
     def as_dict(self) -> dict:
         return {"temperature": self.temperature, "compression_ratio": round(self.compression_ratio, 3),

@@ -18,6 +18,9 @@ word, and each choice is the one that keeps windows that start at a silence inde
    words around a cut are decoded once, whole, by the next window (OpenAI Whisper's seek to the last
    timestamp, made unconditional, since tiny.en may close a segment and stop before words cut at 30 s).
    Windows after a hard cut therefore wait for the one before; windows after a silence do not.
+4. **Dropped tails**: a window whose last segment closes with more than :data:`TAIL_SPEECH_S` of the VAD's
+   speech still after it (tiny.en sometimes writes end-of-text early) has that rest decoded again as a new
+   window from the segment's end.
 
 A window whose attempts all fail is kept (its best text) and flagged: :data:`decode_quality.LOOP` makes
 the transcript incomplete, :data:`decode_quality.LOW_CONFIDENCE` only marks its segments. A window the
@@ -45,6 +48,10 @@ SEAM_MARGIN_S = 1.0
 MIN_ADVANCE_S = 1.0
 """A seam or resume point must be at least this far into its window (otherwise the window is kept whole):
 every re-plan moves forward, so decoding always ends."""
+
+TAIL_SPEECH_S = 1.0
+"""A window whose last segment closes with at least this much VAD speech still after it (seconds) had its
+tail dropped by the decoder (it wrote end-of-text early); that speech is decoded again as a new window."""
 
 MAX_RESUMES = 3
 """Resumes after a loop in a row before a window is given up (flagged) and the audio after it decoded."""
@@ -261,9 +268,23 @@ class WindowDecoder:
                 good, t_seam = self.word_cut(best_seq, ids, w, w.duration - SEAM_MARGIN_S) or ([], 0.0)
             if t_seam >= MIN_ADVANCE_S:
                 ids, end = good, w.start + t_seam
+        elif (t_last := self._closed_end(ids)) is not None and t_last >= MIN_ADVANCE_S \
+                and self._speech_in(w.start + t_last, w.end) >= TAIL_SPEECH_S:
+            end = w.start + t_last  # the decoder stopped early: the speech after its last segment goes on
         self._accept(task, best_seq, best_q, ids, status, flag, end)
-        if end < task.group_end - _EPS:  # a seam: the next window starts where the kept text ends
+        if end < task.group_end - _EPS:  # a seam or a dropped tail: the next window starts where the text ends
             self._replan(end, task.group_end, 0)
+
+    def _closed_end(self, ids: list[int]) -> float | None:
+        """Seconds into the window where the output's last segment closes, or ``None`` when text after its
+        last timestamp runs on to the end of the window."""
+        good, t = self._cut_at(ids, float("inf"))
+        if any(tok < self.t.eot for tok in ids[len(good):]):
+            return None
+        return t if good else None
+
+    def _speech_in(self, start: float, end: float) -> float:
+        return sum(max(0.0, min(e, end) - max(s, start)) for s, e in self.speech)
 
     def _cut_at(self, ids: list[int], limit_s: float) -> tuple[list[int], float]:
         """The output up to its last closing timestamp at or before ``limit_s`` (seconds into the window),

@@ -54,6 +54,9 @@ def test_silence_needs_the_model_and_one_more_doubt(attempt, silence):
         assert not attempt.failed  # silence is never decoded again
 
 
-def test_best_attempt_prefers_no_loop_then_logprob():
+def test_best_attempt_prefers_an_end_of_text_then_logprob():
     attempts = [q(finish=FinishReason.REPETITION, lp=-0.1), q(lp=-1.4), q(lp=-1.2), q(cr=2.6, lp=-0.2)]
-    assert max(attempts, key=AttemptQuality.rank) is attempts[2]
+    assert max(attempts, key=AttemptQuality.rank) is attempts[3]  # repeated speech, decoded confidently
+    assert max(attempts[:3], key=AttemptQuality.rank) is attempts[2]
+    cut = [q(finish=FinishReason.REPETITION, lp=-0.1), q(finish=FinishReason.LENGTH, lp=-0.3), q(lp=-1.5)]
+    assert max(cut, key=AttemptQuality.rank) is cut[2]  # the only one whose text was not cut short

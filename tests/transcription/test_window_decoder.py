@@ -40,8 +40,9 @@ class Script:
     """What the scripted model outputs for a window, and with which confidence."""
 
     def __init__(self, n_words: int, loop=None, logprob: float = -0.2, no_speech: float = 0.01,
-                 drop_before_cut_s: float = 3.0) -> None:
+                 drop_before_cut_s: float = 3.0, early_eot_s: float = 0.0) -> None:
         self.n_words = n_words
+        self.early_eot_s = early_eot_s  # windows over 10 s end their text this early, cut or not
         self.loop = loop  # (window, temperature) -> index into the window's words where a loop starts, or None
         self.logprob = logprob
         self.no_speech = no_speech
@@ -51,6 +52,8 @@ class Script:
         words = [k for k in range(self.n_words) if word_span(k)[0] >= w.start - 1e-9 and word_span(k)[1] <= w.end]
         if cut:  # the fault at a hard cut: the last seconds' words never come out
             words = [k for k in words if word_span(k)[1] <= w.end - self.drop]
+        if self.early_eot_s and w.duration > 10.0:  # end-of-text with speech left in the window
+            words = [k for k in words if word_span(k)[1] <= w.end - self.early_eot_s]
         loop_at = self.loop(w, temperature) if self.loop else None
         out: list[int] = []
         for i in range(0, len(words), 4):
@@ -146,6 +149,13 @@ def test_without_the_seam_rule_the_cut_loses_words():
     toks = script.tokens(Window(0.0, 30.0), 0.0, cut=True)
     heard = {t - WORD0 for t in toks if WORD0 <= t < WORD0 + 80}
     assert heard == set(range(54))  # words 54..59 (27-30 s) are missing from that window
+
+
+def test_speech_after_an_early_end_of_text_is_decoded_again():
+    n = 56  # 28 s in one window that ends at a silence; the model stops 5 s early
+    _, results, words, _ = run(Script(n, early_eot_s=5.0), [(0.0, 28.0)])
+    assert words == every_word(n)
+    assert results[0].end < results[0].window.end and results[1].window.start == results[0].end
 
 
 def test_a_greedy_loop_is_recovered_by_the_next_temperature():
