@@ -53,7 +53,8 @@ class Segment(BaseModel):
     ``speaker`` is ``S01``-style or ``None`` (unknown); ``channel`` is the source audio
     channel (0-based) for multichannel jobs, else ``None``; ``words`` is present when
     word timestamps were computed; ``flags`` lists what makes the text doubtful, when anything does:
-    ``repetition`` (its window still looped after every temperature fallback: text may be missing) or
+    ``repetition`` (its window still looped after every temperature fallback: text may be missing),
+    ``repetitive`` (its text compresses like a loop: a hallucinated repetition, or speech that repeats) or
     ``low_confidence`` (every attempt's mean log-probability was low: words may be wrong); see
     ``transcription.decode_quality``.
     """

@@ -47,7 +47,12 @@ VAD_CONFIDENT = 0.8
 """Mean Silero speech probability (over a window's speech frames) at and above which the VAD is sure."""
 
 LOOP = "repetition"
-"""Flag of a window whose every attempt looped (the loop guard, the budget or the compression check)."""
+"""Flag of a window whose kept attempt the loop guard or the budget stopped: text after it may be missing
+(the transcript is incomplete)."""
+
+REPETITIVE = "repetitive"
+"""Flag of a window whose kept attempt reached end-of-text but compresses like a loop: a hallucinated
+repetition, or speech that really repeats (text kept, marked for review; the transcript is not incomplete)."""
 
 LOW_CONFIDENCE = "low_confidence"
 """Flag of a window whose every attempt was below :data:`LOGPROB_MIN` (text kept, words may be wrong)."""
@@ -105,10 +110,12 @@ class AttemptQuality:
 
     @property
     def flag(self) -> str | None:
-        """:data:`LOOP`, :data:`LOW_CONFIDENCE` or ``None`` for an attempt that passed."""
+        """:data:`LOOP`, :data:`REPETITIVE`, :data:`LOW_CONFIDENCE` or ``None`` for an attempt that passed."""
         if not self.failed:
             return None
-        return LOOP if self.looped else LOW_CONFIDENCE
+        if self.finish_reason in (FinishReason.REPETITION, FinishReason.LENGTH):
+            return LOOP
+        return REPETITIVE if self.looped else LOW_CONFIDENCE
 
     def rank(self) -> tuple[bool, float]:
         """Sort key of the best attempt (larger is better): reached end-of-text first, then the mean

@@ -23,7 +23,8 @@ word, and each choice is the one that keeps windows that start at a silence inde
    window from the segment's end.
 
 A window whose attempts all fail is kept (its best text) and flagged: :data:`decode_quality.LOOP` makes
-the transcript incomplete, :data:`decode_quality.LOW_CONFIDENCE` only marks its segments. A window the
+the transcript incomplete, :data:`decode_quality.REPETITIVE` and :data:`decode_quality.LOW_CONFIDENCE`
+only mark its segments. A window the
 model takes as silence (``AttemptQuality.silence``) keeps no text.
 """
 
@@ -71,7 +72,7 @@ class WindowResult:
         output_ids: the output tokens the transcript keeps.
         quality: that attempt's checks; ``attempts``: how many decodes the window took.
         status: ``ok``, ``no_speech`` (taken as silence, no text) or ``failed`` (every attempt failed).
-        flag: ``decode_quality.LOOP`` / ``LOW_CONFIDENCE`` for a failed window, else ``None``.
+        flag: ``decode_quality.LOOP`` / ``REPETITIVE`` / ``LOW_CONFIDENCE`` for a failed window, else ``None``.
         segments: the transcript segments made from it (set by the decoder's ``finalize``).
     """
 

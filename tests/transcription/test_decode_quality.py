@@ -11,6 +11,7 @@ from transcription.decode_quality import (
     COMPRESSION_RATIO_MAX,
     LOOP,
     LOW_CONFIDENCE,
+    REPETITIVE,
     AttemptQuality,
     compression_ratio,
 )
@@ -32,9 +33,10 @@ def test_compression_ratio_is_whispers():
     (q(), False, None),
     (q(finish=FinishReason.REPETITION), True, LOOP),
     (q(finish=FinishReason.LENGTH), True, LOOP),
-    (q(cr=2.5), True, LOOP),
+    (q(cr=2.5), True, REPETITIVE),
     (q(lp=-1.2), True, LOW_CONFIDENCE),
-    (q(lp=-1.2, cr=3.0), True, LOOP),
+    (q(lp=-1.2, cr=3.0), True, REPETITIVE),
+    (q(finish=FinishReason.REPETITION, lp=-1.2, cr=3.0), True, LOOP),
 ])
 def test_failure_and_flag(attempt, failed, flag):
     assert attempt.failed is failed and attempt.flag == flag
