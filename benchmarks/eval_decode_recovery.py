@@ -5,6 +5,9 @@ the words), the reference's word count and WER where the shared data has a trans
 where it has none (the AMI meeting excerpts have only RTTMs), the words faster-whisper outputs with the same
 tiny.en weights and its default temperature fallback. Seam items are shared clips played back to back and
 decoded as one speech run (no pause for the VAD to cut at), so the 30 s cut falls inside speech.
+``forced_greedy_loop:`` items are the AMI excerpts again with every greedy attempt forced into the
+" yeah, yeah, ..." loop the issue reports (sampled attempts run free), since at this commit's VAD the
+excerpts no longer loop by themselves.
 
 Run from a checkout (``--tree`` points at the one to measure, e.g. an older commit's worktree)::
 
@@ -111,6 +114,26 @@ def main() -> None:
         w = decode_audio(DATA / CLIPS[key]).mono
         loud = np.flatnonzero(np.abs(w) > 0.01)
         return w[loud[0] : loud[-1] + 1]
+
+    # The loop the issue saw on an AMI excerpt (greedy tiny.en saying "yeah, yeah, ..."), forced: after six
+    # tokens every greedy attempt of every window is made to repeat " yeah,"; sampled attempts run free.
+    import torch
+
+    rules = tr.rules
+
+    def force_greedy_loop(seq, logits):
+        x = rules(seq, logits)
+        sampling = getattr(seq, "sampling", None)  # older trees: every sequence is greedy
+        if len(seq.output_ids) >= 6 and (sampling is None or sampling.temperature == 0.0):
+            x = torch.full_like(x, -float("inf"))
+            x[(10194, 11)[len(seq.output_ids) % 2]] = 0.0  # " yeah", ","
+        return x
+
+    tr.rules = force_greedy_loop
+    for rel in AMI:
+        p = DATA / rel
+        items.append(run("forced_greedy_loop:" + rel, p, reference(p)))
+    tr.rules = rules
 
     for order in SEAMS:
         wave = np.concatenate([trimmed(k) for k in order]).astype(np.float32)
