@@ -171,10 +171,11 @@ class WindowDecoder:
                 self.engine.run_until_done(list(self.active))
                 if failed is not None and not self.canceled:
                     raise EngineError(failed.error or "engine step failed")
-                for s in list(self.active):  # keep what the aborted attempts had (nobody reads it much)
+                for s in list(self.active):  # an aborted recording's unfinished windows give no text
                     task = self.active.pop(s)
-                    task.attempts.append((s, self._assess(s, task.window)))
-                    self._accept(task, s, task.attempts[-1][1], list(s.output_ids), "ok", None, task.window.end)
+                    s.mm_state.pop("encoder", None)
+                    self.results.append(WindowResult(task.window, task.window.end, s, [], self._assess(s, task.window),
+                                                     len(task.attempts) + 1, "ok"))
                 break
             for seq in done:
                 self._finished(self.active.pop(seq), seq)
