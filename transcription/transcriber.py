@@ -15,13 +15,13 @@ import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from transcription.audio import SAMPLE_RATE, decode_audio, log_mel_spectrogram
+from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from engine.engine import Engine
 from transcription.whisper_decoding import (
@@ -31,9 +31,10 @@ from transcription.whisper_decoding import (
     split_segments,
     whisper_prompt,
 )
+from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
-from engine.request import FinishReason, RequestRejected, Sequence
+from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
 from engine.sampling import SamplingParams
 from transcription.window_decoder import WindowDecoder, WindowResult
 from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
@@ -67,7 +68,10 @@ class TranscribeOptions:
 
     Attributes:
         language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
-            (``unsupported_language``) instead of writing English-sounding text for it.
+            (``unsupported_language``) instead of writing English-sounding text for it; a multilingual one
+            decodes in it, and detects the language when it is ``None`` (:mod:`transcription.language`).
+        task: ``transcribe`` (text in the speech's language) or ``translate`` (English text; multilingual
+            Whisper only, else ``unsupported_task``).
         prompt: text that conditions the decoder (vocabulary, spelling).
         num_speakers / min_speakers / max_speakers: hints for speaker clustering.
         multichannel: one speaker per channel: transcribe each channel, label by channel.
@@ -80,6 +84,7 @@ class TranscribeOptions:
     """
 
     language: str | None = None
+    task: str = "transcribe"
     prompt: str | None = None
     num_speakers: int | None = None
     min_speakers: int | None = None
@@ -118,14 +123,18 @@ class Transcriber:
             self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
                                                conf.get("suppress_ids_begin", [220, self.tokens.eot]))
             self.alignment_heads = conf.get("alignment_heads", [])
+            self.languages = WhisperLanguages(engine.tokenizer, self.tokens, conf.get("lang_ids", []))
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
                    on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
-        """Transcribe a recording (path, bytes or binary file object).
+        """Transcribe a recording (path, bytes, binary file object, or audio its caller decoded:
+        :class:`transcription.audio.DecodedAudio`).
 
         Returns:
-            A JSON-able dict: ``duration`` (s), ``language``, ``model``, ``segments`` [{speaker, start, end,
+            A JSON-able dict: ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
+            (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
+            ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``coverage`` (last segment end / duration), ``no_speech``,
             ``metrics`` {queue_wait_s, encoder_s, prefill_s, decode_s, vad_s, diarization_s,
             prompt_tokens, output_tokens, processing_s, audio_decode_s, rtf}.
@@ -137,17 +146,22 @@ class Transcriber:
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
             RequestRejected: the recording cannot fit the model's context (``too_long``); a language
-                the model does not transcribe (``unsupported_language``).
+                the model does not transcribe (``unsupported_language``); a task it cannot do
+                (``unsupported_task``: translate on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
         """
         opts = options or TranscribeOptions()
-        if (self.family == "whisper" and self.tokens.english_only and opts.language
-                and opts.language.lower() not in ("en", "english")):
-            raise RequestRejected("unsupported_language",
-                                  f"{self.engine.loaded.info.get('name')} transcribes English only; "
-                                  f"language={opts.language!r} was asked for")
+        if self.family == "whisper":
+            self.languages.check(opts.language, opts.task, self.engine.loaded.info.get("name"))
+        elif opts.task != "transcribe":
+            raise RequestRejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
+                                  f"task={opts.task!r} was asked for")
         t0 = time.perf_counter()
-        audio = decode_audio(source, mono=not opts.multichannel)
+        if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
+            audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
+                source, samples=source.samples.mean(axis=0, keepdims=True))
+        else:
+            audio = decode_audio(source, mono=not opts.multichannel)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
@@ -157,7 +171,7 @@ class Transcriber:
             result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                      fixed_output_tokens=self.fixed_output_tokens)
             result["model"] = self.engine.loaded.info.get("name")
-            result["language"] = opts.language
+            result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
             result["family"] = "moss-td"
         elif opts.multichannel and audio.samples.shape[0] > 1:
             result = self._multichannel(audio.samples, opts, should_cancel)
@@ -199,13 +213,18 @@ class Transcriber:
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
             finish = FinishReason.ABORT if canceled else FinishReason.STOP
-            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled)
+            choice = self.languages.choose(opts.language, opts.task, lambda: None)
+            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice)
             result["windows"] = []
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
         want_words = diarize and opts.word_timestamps
-        decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence)
+        first = windows[0]
+        # the first speech window decides the language of all of them (OpenAI whisper's rule)
+        choice = self.languages.choose(opts.language, opts.task, lambda: self._detect_language(
+            self._mel(wave, first), opts, should_cancel))
+        decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence, choice)
         results = decoder.run(windows, should_cancel)
         seqs = decoder.sequences
         segments = [seg for r in results for seg in r.segments]
@@ -223,7 +242,7 @@ class Transcriber:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(self._seq_metrics(seqs))
-        result = self._result(duration, segments, finish, metrics, no_speech=not segments)
+        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice)
         result["windows"] = [r.as_dict() for r in results]
         if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
             result["incomplete_reason"] = reason
@@ -231,19 +250,37 @@ class Transcriber:
             result["turns"] = turns if turns is not None else []
         return result
 
+    def _detect_language(self, mel: torch.Tensor, opts: TranscribeOptions,
+                         should_cancel: Callable[[], bool] | None) -> LanguageChoice | None:
+        """Language of one window (:meth:`WhisperLanguages.detection_sequence`); ``None`` if canceled."""
+        seq = self.languages.detection_sequence(mel, opts.admission_class)
+        self.engine.submit(seq)
+        self.engine.run_until_done([seq], should_cancel=should_cancel)
+        if seq.finish_reason == FinishReason.ERROR:
+            raise EngineError(seq.error or "engine step failed")
+        return self.languages.detected(seq)
+
+    def _mel(self, wave: np.ndarray, w: Window) -> torch.Tensor:
+        chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
+        return log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+
     def _decoder(self, wave: np.ndarray, speech: list[tuple[float, float]], opts: TranscribeOptions,
                  on_event: EventFn | None, want_words: bool,
-                 vad_confidence: Callable[[float, float], float | None] | None) -> WindowDecoder:
-        """A :class:`WindowDecoder` for one recording: attempts share the prompt, rules and options."""
+                 vad_confidence: Callable[[float, float], float | None] | None,
+                 choice: LanguageChoice) -> WindowDecoder:
+        """A :class:`WindowDecoder` for one recording: attempts share the prompt (in ``choice``'s language
+        and task), rules, options and one event inbox (listeners run on the decoder's thread)."""
+        language_id, task_id = self.languages.prompt_ids(choice)
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
-        prompt = whisper_prompt(self.tokens, prompt_ids)
+        prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
+        inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
+        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
         keep = want_words and bool(self.alignment_heads)
         duration = len(wave) / SAMPLE_RATE
         ts0 = self.tokens.timestamp_begin
 
         def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
-            chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
-            mel = log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+            mel = self._mel(wave, w)
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).
@@ -251,10 +288,11 @@ class Transcriber:
             return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
                             mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
                             logits_processor=self.rules,
-                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class)
+                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
+                            inbox=inbox)
 
         def finalize(r: WindowResult) -> list[dict]:
-            segs = self._window_segments(r.window, r.seq, r.output_ids, duration, want_words)
+            segs = self._window_segments(r.window, r.seq, r.output_ids, duration, want_words, by_char)
             if r.flag is not None:
                 for seg in segs:
                     seg["flags"] = [r.flag]
@@ -290,7 +328,7 @@ class Transcriber:
         return [*out, self.tokens.timestamp_begin + step], step * TIME_PRECISION
 
     def _window_segments(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
-                         want_words: bool) -> list[dict]:
+                         want_words: bool, split_characters: bool = False) -> list[dict]:
         """Segments (absolute seconds, clamped to ``[0, duration]``) of the tokens ``output_ids`` decoded
         from window ``w``, with aligned words when ``want_words`` and the attempt kept its encoder output
         (which is dropped here)."""
@@ -306,7 +344,7 @@ class Transcriber:
             if align_words is not None:
                 n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
-                                        self.alignment_heads, n_frames)
+                                        self.alignment_heads, n_frames, split_characters=split_characters)
         for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
             text = tok.decode(raw.token_ids).strip()
             if not text:
@@ -355,7 +393,12 @@ class Transcriber:
         metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
                        channels=samples.shape[0])
         finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
-        out = self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments)
+        # channels are decoded (and detected) apart; the first that found a language speaks for the file
+        found = next((r for r in results if r["language"] is not None), results[0])
+        choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
+                                found["task"])
+        out = self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
+                           language=choice)
         out["windows"] = [{**w, "channel": ch} for ch, r in enumerate(results) for w in r.get("windows", [])]
         reasons = [f"channel {ch + 1}: {r['incomplete_reason']}" for ch, r in enumerate(results)
                    if r.get("incomplete_reason")]
@@ -376,11 +419,12 @@ class Transcriber:
             "output_tokens": sum(len(s.output_ids) for s in seqs),
         }
 
-    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool) -> dict:
+    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool,
+                language: LanguageChoice) -> dict:
         last_end = max((s["end"] for s in segments), default=0.0)
         return {
             "duration": duration,
-            "language": "en" if self.family == "whisper" and self.tokens.english_only else None,
+            **language.result_fields(),
             "model": self.engine.loaded.info.get("name"),
             "segments": segments,
             "finish_reason": finish,
