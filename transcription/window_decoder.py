@@ -40,7 +40,7 @@ from engine.sampling import SamplingParams
 from transcription.decode_quality import FALLBACK_SEED, TEMPERATURES, AttemptQuality, assess
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
-from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens
+from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
 from transcription.windows import Window, pack_windows
 
 SEAM_MARGIN_S = 1.0
@@ -73,7 +73,8 @@ class WindowResult:
         quality: that attempt's checks; ``attempts``: how many decodes the window took.
         status: ``ok``, ``no_speech`` (taken as silence, no text) or ``failed`` (every attempt failed).
         flag: ``decode_quality.LOOP`` / ``REPETITIVE`` / ``LOW_CONFIDENCE`` for a failed window, else ``None``.
-        segments: the transcript segments made from it (set by the decoder's ``finalize``).
+        segments: the transcript segments made from it (set by the decoder's ``finalize``); ``preview``: its
+            segments without words (for the events sent while other windows still decode).
     """
 
     window: Window
@@ -85,6 +86,7 @@ class WindowResult:
     status: str
     flag: str | None = None
     segments: list[dict] = field(default_factory=list)
+    preview: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """A JSON-able account of the window (for ``result["windows"]``; seconds)."""
@@ -111,8 +113,9 @@ class WindowDecoder:
         decode: token ids -> text (the tokenizer's).
         new_sequence: ``(window, sampling, cut) -> Sequence`` of one attempt (prompt, mel, rules, loop
             guard); ``cut``: the window ends inside speech.
-        finalize: ``(WindowResult) -> segments`` (absolute times), called once per final window, in
-            the decoder's thread, before the next wait; it may use and drop the attempt's encoder output.
+        finalize: ``(WindowResult) -> segments`` (absolute times), called once per final window, in time
+            order, after the last window decoded (so word alignment never delays noticing a cancel); it may
+            use and drop the attempt's encoder output.
         speech: the VAD's speech regions (seconds), for seams and re-plans.
         vad_confidence: ``(start, end) -> float | None``, the VAD's mean speech probability over a span
             (``transcription.audio.vad.SpeechAnalysis.confidence``), for the silence rule; ``None``: unknown.
@@ -182,6 +185,8 @@ class WindowDecoder:
             self._emit_ready()
         self.results.sort(key=lambda r: r.window.start)
         self._emit_ready(final=True)
+        for r in self.results:
+            r.segments = self.finalize(r)
         return self.results
 
     # -- planning -----------------------------------------------------------------------------------
@@ -311,7 +316,11 @@ class WindowDecoder:
     def _accept(self, task: _Task, seq: Sequence, q: AttemptQuality, ids: list[int], status: str,
                 flag: str | None, end: float) -> None:
         r = WindowResult(task.window, end, seq, ids, q, len(task.attempts), status, flag)
-        r.segments = self.finalize(r)
+        w = task.window
+        for raw in split_segments(self.t, ids, w.duration):
+            if text := self.decode(raw.token_ids).strip():
+                start = min(w.start + raw.start, w.end)  # timestamps may run past a short window's audio
+                r.preview.append({"start": start, "end": min(max(w.start + raw.end, start), w.end), "text": text})
         self.results.append(r)
 
     # -- events ---------------------------------------------------------------------------------------
@@ -323,15 +332,15 @@ class WindowDecoder:
         horizon = min((t.window.start for t in self.active.values()), default=float("inf"))
         while self._emitted < len(self.results) and (final or self.results[self._emitted].window.start < horizon):
             r = self.results[self._emitted]
-            text = " ".join(s["text"] for s in r.segments)
+            text = " ".join(s["text"] for s in r.preview)
             if text:
                 self.on_event("delta", {"text": (" " if self._started_text() else "") + text})
-                for s in r.segments:
+                for s in r.preview:
                     self.on_event("segment", {"start": s["start"], "end": s["end"], "text": s["text"]})
             self._emitted += 1
 
     def _started_text(self) -> bool:
-        return any(r.segments for r in self.results[: self._emitted])
+        return any(r.preview for r in self.results[: self._emitted])
 
 
 def _kept(seq: Sequence) -> list[int]:
