@@ -13,9 +13,9 @@ from engine.models.mel import SAMPLE_RATE
 from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 from transcription.errors import EngineError
+from transcription.moss_resume import resume_after_loops
 from transcription.moss_sections import fits, transcribe_sections
 from transcription.moss_td_parser import MossStreamParser
-from transcription.moss_resume import resume_after_loops
 from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_guard, moss_result
 from transcription.progress import EventFn
 

@@ -21,9 +21,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from transcription.audio import SAMPLE_RATE, DecodedAudio, decode_audio, log_mel_spectrogram
-from transcription.cancel import Canceled
 from engine.engine import Engine
+from engine.models.mel import HOP_LENGTH, N_FRAMES
+from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
+from engine.sampling import SamplingParams
+from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
+from transcription.cancel import Canceled
+from transcription.errors import EngineError
+from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
+from transcription.progress import EventFn
+from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (
     TIME_PRECISION,
     WhisperTimestampRules,
@@ -31,11 +38,6 @@ from transcription.whisper_decoding import (
     split_segments,
     whisper_prompt,
 )
-from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
-from transcription.progress import EventFn
-from transcription.repetition import RepetitionGuard
-from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
-from engine.sampling import SamplingParams
 from transcription.window_decoder import WindowDecoder, WindowResult
 from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
 from transcription.windows import Window, pack_windows
@@ -46,20 +48,14 @@ WHISPER_LOOP_MIN_SPAN = 48
 
 WHISPER_TOKENS_PER_S = 10.0
 """Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
-few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer uses the same factor,
-``shared/docs/moss_td.md`` §4)."""
+few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer, sgl-project/sglang-omni
+#1034, uses the same factor)."""
 
 
 def window_budget(window_s: float) -> int:
     """Default ``max_new_tokens`` of one Whisper window: ``max(64, ceil(10 * window_s))`` tokens, later
     clamped by the scheduler to the context left (448 minus the prompt for Whisper)."""
     return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
-
-
-class EngineError(RuntimeError):
-    """A sequence of this transcription failed inside the engine (code ``engine_error``)."""
-
-    code = "engine_error"
 
 
 @dataclass
@@ -117,6 +113,8 @@ class Transcriber:
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
                              f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
+        # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
+        self.frontend = Frontend.for_family(self.family)
         if self.family == "whisper":
             conf = engine.loaded.info.get("config", {})
             self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
@@ -161,7 +159,7 @@ class Transcriber:
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
                 source, samples=source.samples.mean(axis=0, keepdims=True))
         else:
-            audio = decode_audio(source, mono=not opts.multichannel)
+            audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if on_event:
             on_event("queued", {"duration": audio.duration})
@@ -182,6 +180,8 @@ class Transcriber:
         result["metrics"]["audio_decode_s"] = audio_decode_s
         result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
         result.setdefault("duration", audio.duration)
+        if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
+            result["random_weights"] = True
         _mark_completeness(result)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
@@ -311,7 +311,7 @@ class Transcriber:
         from transcription.whisper_align import align_words
 
         words = align_words(self.engine.model, self.engine.tokenizer, enc, seq.prompt_ids, ids,
-                            self.alignment_heads, min(3000, math.ceil(w.duration * 100)))
+                            self.alignment_heads, min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH))))
         kept = [x for x in words if x["end"] <= limit_s]
         if not kept:
             return None
@@ -342,7 +342,8 @@ class Transcriber:
             except ImportError:
                 align_words = None
             if align_words is not None:
-                n_frames = min(3000, math.ceil(w.duration * 100))  # 10 ms mel frames of real audio
+                # mel frames of real audio (100 per second)
+                n_frames = min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH)))
                 words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
                                         self.alignment_heads, n_frames, split_characters=split_characters)
         for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
@@ -469,13 +470,19 @@ INCOMPLETE_GAP_S = 30.0
 
 
 def _mark_completeness(result: dict) -> None:
-    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, or a last segment that
-    ends far before the speech does, is never reported as a silent success."""
+    """Set ``incomplete`` / ``incomplete_reason``: a budget or loop-guard stop, malformed MOSS-TD output
+    (``parse_issues``: a last segment without an end time, a cut-off tag, ...), or a last segment that ends
+    far before the speech does, is never reported as a silent success."""
     finish = result.get("finish_reason")
     if finish in ("length", "repetition", "abort", "error"):
         result["incomplete"] = True
         result["incomplete_reason"] = result.get("incomplete_reason") or {"length": "output budget reached", "repetition": "repetition loop stopped",
                                        "abort": "aborted", "error": "engine error"}[finish]
+        return
+    issues = result.get("parse_issues") or []
+    if issues:  # MOSS-TD output the parser had to repair: kept, but never reported as a clean success
+        result["incomplete"] = True
+        result["incomplete_reason"] = "malformed model output: " + "; ".join(issues)
         return
     segments = result.get("segments") or []
     last_end = max((s["end"] for s in segments), default=0.0)

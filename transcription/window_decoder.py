@@ -38,6 +38,7 @@ from engine.engine import Engine
 from engine.request import FinishReason, Sequence
 from engine.sampling import SamplingParams
 from transcription.decode_quality import FALLBACK_SEED, TEMPERATURES, AttemptQuality, assess
+from transcription.errors import EngineError
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
@@ -158,8 +159,6 @@ class WindowDecoder:
         Raises:
             EngineError: an attempt failed inside the engine (the recording's other sequences are aborted).
         """
-        from transcription.transcriber import EngineError
-
         for group in self._groups(windows):
             self._start(group, resumes=0)
         while self.active:

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from diarist.transcript import Transcript
+from tests.conftest import data_file
 from transcription.decode_quality import LOOP, TEMPERATURES
 from transcription.transcriber import TranscribeOptions, Transcriber
-from tests.conftest import data_file
 
 jiwer = pytest.importorskip("jiwer")
 YEAH = (10194, 11)  # " yeah", ","

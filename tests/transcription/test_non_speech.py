@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from transcription.transcriber import TranscribeOptions, Transcriber
 from tests.conftest import data_file
+from transcription.transcriber import TranscribeOptions, Transcriber
 
 NON_SPEECH = [
     "music_brahms_hungarian_dance5_ogg/Hungarian_Dance_number_5_-_Allegro_in_F_sharp_minor_(string_orchestra).ogg",

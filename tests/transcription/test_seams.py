@@ -18,9 +18,9 @@ import subprocess
 import numpy as np
 import pytest
 
+from tests.conftest import data_file
 from transcription.audio import SAMPLE_RATE, decode_audio
 from transcription.transcriber import TranscribeOptions, Transcriber
-from tests.conftest import data_file
 
 jiwer = pytest.importorskip("jiwer")
 soundfile = pytest.importorskip("soundfile")
