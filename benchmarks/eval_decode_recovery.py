@@ -11,7 +11,7 @@ excerpts no longer loop by themselves.
 
 Run from a checkout (``--tree`` points at the one to measure, e.g. an older commit's worktree)::
 
-    python benchmarks/eval_decode_recovery.py --tree . --out benchmarks/results/decode_recovery_after.json
+    python benchmarks/eval_decode_recovery.py --tree . --out benchmarks/results/eval_decode_recovery_cpu.json
 
 Prints and writes JSON: the command, the tree's commit, and per item ``words``, ``ref_words``, ``wer``,
 ``peer_words``, ``finish_reason``, ``incomplete``, ``windows`` (the transcriber's window account, when it
