@@ -55,7 +55,11 @@ class Segment(BaseModel):
     ``id`` is the 0-based position in the transcript; ``start``/``end`` are seconds;
     ``speaker`` is ``S01``-style or ``None`` (unknown); ``channel`` is the source audio
     channel (0-based) for multichannel jobs, else ``None``; ``words`` is present when
-    word timestamps were computed.
+    word timestamps were computed; ``flags`` lists what makes the text doubtful, when anything does:
+    ``repetition`` (its window still looped after every temperature fallback: text may be missing),
+    ``repetitive`` (its text compresses like a loop: a hallucinated repetition, or speech that repeats) or
+    ``low_confidence`` (every attempt's mean log-probability was low: words may be wrong); see
+    ``transcription.decode_quality``.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -67,6 +71,7 @@ class Segment(BaseModel):
     text: str
     words: list[Word] | None = None
     channel: int | None = None
+    flags: list[str] | None = None
 
 
 class SpeakerTurn(BaseModel):
@@ -194,7 +199,7 @@ class Transcript(BaseModel):
                     for w in s["words"]
                 ]
             segments.append(Segment(id=len(segments), speaker=speaker, start=_ms(s["start"]), end=_ms(s["end"]),
-                                    text=s["text"], words=words, channel=s["channel"]))
+                                    text=s["text"], words=words, channel=s["channel"], flags=s["flags"]))
 
         turns = None
         if isinstance(result.get("turns"), list):
@@ -286,8 +291,11 @@ def _clamp_segments(raw: list[dict], duration: float) -> list[dict]:
                 words.append({"word": str(w["word"]), "start": ws, "end": we, "speaker": w.get("speaker")})
                 prev_end = we
         channel = s.get("channel")
+        flags = s.get("flags")
+        flags = [str(f) for f in flags] if isinstance(flags, list) and flags else None
         out.append({"speaker": s.get("speaker"), "start": start, "end": end, "text": text, "words": words,
-                    "channel": channel if isinstance(channel, int) and not isinstance(channel, bool) else None})
+                    "channel": channel if isinstance(channel, int) and not isinstance(channel, bool) else None,
+                    "flags": flags})
     return out
 
 

@@ -22,6 +22,7 @@ from engine.ops.linear import LinearKernels, set_linear_kernels
 from engine.request import FinishReason, Sequence
 from engine.resolve import describe, resolve_config
 from engine.runner import ModelRunner
+from engine.sampling import needs_host, sample_on_host
 from engine.scheduler import ScheduledBatch, Scheduler
 
 log = logging.getLogger("diarist.engine")
@@ -105,6 +106,7 @@ class Engine:
         self._stop = False
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)
+        self._logprobs: dict[Sequence, float] = {}  # one step's host-sampled log-probabilities
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -271,6 +273,7 @@ class Engine:
             else:
                 seq.timings.prefill_s += t2 - t1
         done = self.scheduler.commit(batch, tokens)
+        self._keep_logprobs(batch)
         now = time.perf_counter()
         for (seq, _), tok in zip(batch.items, tokens, strict=True):
             if tok is not None:
@@ -287,20 +290,34 @@ class Engine:
         self._recent.append((now, n_prefill + n_decode))
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sample: list[bool]) -> list[int | None]:
-        """Greedy sampling; per-sequence logits processors run on the host."""
+        """Greedy on the device; sequences with a logits processor, a temperature or logprobs are sampled
+        on the host (``engine.sampling``), their log-probabilities kept in ``self._logprobs`` until
+        :meth:`_keep_logprobs` attaches them to the committed tokens."""
         greedy = logits.argmax(dim=-1).tolist()
         out: list[int | None] = []
         host = None
+        self._logprobs.clear()
         for i, ((seq, _), want) in enumerate(zip(batch.items, sample, strict=True)):
             if not want:
                 out.append(None)
-            elif seq.logits_processor is not None:
+            elif needs_host(seq):
                 if host is None:
                     host = logits.float().cpu()
-                out.append(int(seq.logits_processor(seq, host[i]).argmax()))
+                tok, lp = sample_on_host(seq, host[i])
+                out.append(tok)
+                if lp is not None:
+                    self._logprobs[seq] = lp
             else:
                 out.append(int(greedy[i]))
         return out
+
+    def _keep_logprobs(self, batch: ScheduledBatch) -> None:
+        """Append each committed token's log-probability (one per output id; none for a sequence aborted
+        while its step ran, whose token was not appended)."""
+        for seq, lp in self._logprobs.items():
+            if len(seq.output_logprobs) < len(seq.output_ids):
+                seq.output_logprobs.append(lp)
+        self._logprobs.clear()
 
     def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None,
                        should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
@@ -315,14 +332,32 @@ class Engine:
         Raises:
             TimeoutError: not finished within ``timeout_s`` seconds.
         """
+        self._wait(seqs, all, timeout_s, should_cancel)
+        return seqs
+
+    def run_until_any_done(self, seqs: list[Sequence], timeout_s: float | None = None,
+                           should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
+        """As :meth:`run_until_done`, but return as soon as at least one of ``seqs`` has finished (its
+        ``done`` set; at once when one already has): the finished ones, in the order given. A cancel aborts
+        all of them. Give the sequences an :class:`~engine.request.EventInbox` to be woken at each end.
+
+        Raises:
+            TimeoutError: none finished within ``timeout_s`` seconds.
+        """
+        if seqs:
+            self._wait(seqs, any, timeout_s, should_cancel)
+        return [s for s in seqs if s.done.is_set()]
+
+    def _wait(self, seqs: list[Sequence], enough: Callable, timeout_s: float | None,
+              should_cancel: Callable[[], bool] | None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         inboxes = list({id(s.inbox): s.inbox for s in seqs if s.inbox is not None}.values())
         canceled = False
         while True:
-            if all(s.done.is_set() for s in seqs):
+            if enough(s.done.is_set() for s in seqs):
                 for box in inboxes:  # "finished" is queued before done is set: deliver what is left
                     box.deliver(0)
-                return seqs
+                return
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("sequences did not finish in time")
             if not canceled and should_cancel is not None and should_cancel():
@@ -331,7 +366,7 @@ class Engine:
                     if not s.finished:
                         self.abort(s)
             if self._thread is None:
-                if not self.step() and not all(s.done.is_set() for s in seqs):
+                if not self.step() and not enough(s.done.is_set() for s in seqs):
                     with self._on_stream():
                         self._drain()
                 for box in inboxes:
@@ -341,6 +376,8 @@ class Engine:
                 for box in inboxes[1:]:
                     box.deliver(0)
             else:
+                # without an inbox, a wait for any of several sequences notices the others' ends only
+                # every CANCEL_POLL_S: give such requests an inbox (it wakes at every "finished")
                 next(s for s in seqs if not s.done.is_set()).done.wait(CANCEL_POLL_S)
 
     def generate(self, seqs: list[Sequence]) -> list[Sequence]:

@@ -8,10 +8,10 @@ placeholder ``-1`` as its last output id.
 
 Finish checks (EOS, stop checker, length) therefore run one step late: a finished sequence may be part of
 one more launched step, whose token is discarded. That step's KV slot lies within the sequence's
-reservation (prompt + budget) and is freed with the sequence, so no KV leaks. Steps with a per-sequence
-logits processor (which needs host logits before sampling) run synchronously after the in-flight step.
-All device work stays on one stream, so a slot freed while a step is in flight is reused only by later
-steps. Greedy sampling only.
+reservation (prompt + budget) and is freed with the sequence, so no KV leaks. Steps with a sequence
+sampled on the host (a logits processor, a temperature or logprobs: ``engine.sampling.needs_host``) run
+synchronously after the in-flight step. All device work stays on one stream, so a slot freed while a step
+is in flight is reused only by later steps. The launched steps themselves are greedy only.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.request import FinishReason, Sequence, stop_reason
+from engine.sampling import needs_host
 from engine.scheduler import ScheduledBatch
 
 PLACEHOLDER = -1
@@ -71,7 +72,7 @@ class OverlapLoop:
             _emit_finished(self._complete(self.pending))
             self.pending = None
             return True
-        if any(s.logits_processor is not None for s, _ in batch.items):
+        if any(needs_host(s) for s, _ in batch.items):
             if self.pending is not None:
                 _emit_finished(self._complete(self.pending))
                 self.pending = None

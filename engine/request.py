@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.sampling import GREEDY, SamplingParams
+
 
 class FinishReason(str, Enum):
     """Why a sequence ended. ``repetition`` is set by a loop guard, ``error`` by a failed step."""
@@ -82,6 +84,9 @@ class Sequence:
         mm_inputs: model-specific inputs, e.g. ``{"mel": float32 [80, 3000]}`` for a Whisper window or
             ``{"audio": float32 [n]}`` for MOSS-TD; the model's ``prepare`` turns them into cached state.
         logits_processor: optional per-step hook on this sequence's float32 ``[vocab]`` logits (host).
+        sampling: :class:`engine.sampling.SamplingParams` (greedy by default; a temperature with a seed, or
+            logprobs, sample this sequence on the host); ``output_logprobs`` holds one log-probability per
+            output token when ``sampling.logprobs`` is set; ``generator`` is the seeded host generator.
         stop_checker: optional hook called after each token; returns a finish reason to end the sequence.
         on_event: optional callback ``(seq, kind, payload)`` for ``"started"``, ``"token"``, ``"finished"``.
             Called on the engine loop thread, unless ``inbox`` is set: then the loop thread only queues the
@@ -105,6 +110,7 @@ class Sequence:
     ignore_eos: bool = False
     mm_inputs: dict[str, Any] = field(default_factory=dict)
     logits_processor: LogitsProcessor | None = None
+    sampling: SamplingParams = GREEDY
     stop_checker: StopChecker | None = None
     on_event: Callable[[Sequence, str, Any], None] | None = None
     inbox: EventInbox | None = None
@@ -121,6 +127,8 @@ class Sequence:
     kv_slots: np.ndarray | None = None
     reserved: int = 0
     mm_state: dict[str, Any] = field(default_factory=dict)
+    output_logprobs: list[float] = field(default_factory=list)
+    generator: torch.Generator | None = None
     timings: Timings = field(default_factory=Timings)
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 

@@ -67,6 +67,12 @@ def _digit_class(tok: int) -> int:
     return 15 if 15 <= tok <= 24 else tok  # Qwen3 digits "0".."9" are ids 15..24
 
 
+def moss_guard(tokenizer, duration: float) -> RepetitionGuard:
+    """The loop guard of a MOSS-TD sequence over ``duration`` seconds (digits count as one class; the rate
+    bound follows the timestamps emitted)."""
+    return RepetitionGuard(duration, canonical=_digit_class, progress_fn=TimestampProgress(tokenizer))
+
+
 def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = None,
                         prompt: str | None = None) -> Sequence:
     """A MOSS-TD request for ``engine``.
@@ -117,7 +123,7 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
                            f"output budget {budget}) = {need * per / GiB:.2f} GiB, but the engine's KV cache "
                            f"holds {slots} tokens = {slots * per / GiB:.2f} GiB; give the engine more KV "
                            f"memory or set a smaller max_new_tokens")
-    guard = RepetitionGuard(duration, canonical=_digit_class, progress_fn=TimestampProgress(engine.tokenizer))
+    guard = moss_guard(engine.tokenizer, duration)
     return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
                     stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),
                     mm_inputs={"audio": torch.from_numpy(wave)}, stop_checker=guard,
@@ -136,8 +142,10 @@ def clamp_segment(seg: dict, duration: float) -> dict:
     return seg
 
 
-def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
-    """Decode and parse a finished MOSS-TD sequence.
+def moss_result(seq: Sequence, tokenizer, duration: float, resumed=None) -> dict:
+    """Decode and parse a finished MOSS-TD sequence (with ``resumed``, a
+    :class:`transcription.moss_resume.Resumed`: its kept tokens, finish reason and loop reason instead
+    of ``seq``'s, and ``output_tokens`` over all its sequences).
 
     Returns a dict: ``segments`` (``[{"speaker", "start", "end", "text"}]``, seconds, ends clamped to
     ``duration``), ``text`` (the decoded output, special tokens skipped, stripped), ``finish_reason``
@@ -153,6 +161,11 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
     guard = seq.stop_checker if isinstance(seq.stop_checker, RepetitionGuard) else None
     if guard is not None and seq.finish_reason is not None and seq.finish_reason.value == "repetition":
         ids = guard.kept_output(ids)
+    finish, repetition = seq.finish_reason, guard.reason if guard is not None else None
+    output_tokens = len(seq.output_ids)
+    if resumed is not None:
+        ids, finish, repetition = resumed.output_ids, resumed.finish_reason, resumed.repetition
+        output_tokens = sum(len(s.output_ids) for s in resumed.sequences)
     text = tokenizer.decode(ids, skip_special_tokens=True).strip()
     parsed = parse_moss_td_report(text)
     segments = [clamp_segment(s, duration) for s in parsed.segments]
@@ -160,11 +173,11 @@ def moss_result(seq: Sequence, tokenizer, duration: float) -> dict:
     return {
         "segments": segments,
         "text": text,
-        "finish_reason": seq.finish_reason.value if seq.finish_reason is not None else None,
+        "finish_reason": finish.value if finish is not None else None,
         "coverage": min(1.0, last / duration) if duration > 0 else 0.0,
-        "repetition": guard.reason if guard is not None else None,
+        "repetition": repetition,
         "prompt_tokens": seq.prompt_len,
-        "output_tokens": len(seq.output_ids),
+        "output_tokens": output_tokens,
         "error": seq.error,
         "parse_issues": parsed.issues,
     }

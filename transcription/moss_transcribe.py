@@ -13,9 +13,10 @@ from engine.models.mel import SAMPLE_RATE
 from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 from transcription.errors import EngineError
+from transcription.moss_resume import resume_after_loops
 from transcription.moss_sections import fits, transcribe_sections
 from transcription.moss_td_parser import MossStreamParser
-from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_result
+from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_guard, moss_result
 from transcription.progress import EventFn
 
 
@@ -66,7 +67,9 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
 
     Text streams through an incremental detokenizer and a 50 ms coalescer into :class:`LiveSegments`:
     ``segment`` events as segments complete, ``delta`` events with the clean transcript text; nothing is
-    streamed while the prompt is in (chunked) prefill, since tokens only exist after it. ``should_cancel`` is
+    streamed while the prompt is in (chunked) prefill, since tokens only exist after it. After a loop stop the
+    decoding resumes from the last complete segment (``transcription.moss_resume``); the continuation is not
+    streamed live, its segments are sent at the end (the result is authoritative). ``should_cancel`` is
     checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
     ``abort``) and polled while it runs (its KV is freed at once). ``fixed_output_tokens`` (benchmarks on
     dummy weights only, see :class:`transcription.transcriber.Transcriber`): decode exactly that many tokens
@@ -120,17 +123,27 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     seq.on_event, seq.inbox = listener, EventInbox(batch_s=engine.config.stream_interval_s)
     engine.submit(seq)
     engine.run_until_done([seq], should_cancel=should_cancel)
-    if seq.finish_reason == FinishReason.ERROR:
-        raise EngineError(seq.error or "engine step failed")
-    res = moss_result(seq, engine.tokenizer, duration)
+    resumed = None
+    if seq.finish_reason == FinishReason.REPETITION and fixed_output_tokens is None:
+        resumed = resume_after_loops(engine, seq, wave, lambda: moss_guard(engine.tokenizer, duration),
+                                     should_cancel)
+    errors = [s for s in (resumed.sequences if resumed else [seq]) if s.finish_reason == FinishReason.ERROR]
+    if errors:
+        raise EngineError(errors[0].error or "engine step failed")
+    res = moss_result(seq, engine.tokenizer, duration, resumed)
     if on_event:
         live.finish(res["segments"])
-    t = seq.timings
-    metrics = {"queue_wait_s": t.queue_wait_s, "encoder_s": t.encoder_s, "prefill_s": t.prefill_s,
-               "decode_s": t.decode_s, "prompt_tokens": res["prompt_tokens"], "output_tokens": res["output_tokens"],
-               "vad_s": 0.0, "diarization_s": 0.0}
+    seqs = resumed.sequences if resumed else [seq]
+    metrics = {"queue_wait_s": seq.timings.queue_wait_s, "prompt_tokens": res["prompt_tokens"],
+               "output_tokens": res["output_tokens"], "vad_s": 0.0, "diarization_s": 0.0,
+               "resumes": resumed.resumes if resumed else 0,
+               **{k: sum(getattr(s.timings, k) for s in seqs) for k in ("encoder_s", "prefill_s", "decode_s")}}
     segments = [{**s, "end": s["end"] if s.get("end") is not None else s["start"]} for s in res["segments"]]
-    return {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
-            "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
-            "repetition": res.get("repetition"), "marker_interval_s": seq.mm_state.get("marker_interval_s"),
-            "parse_issues": res["parse_issues"]}
+    out = {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
+           "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
+           "repetition": res.get("repetition"), "marker_interval_s": seq.mm_state.get("marker_interval_s"),
+           "parse_issues": res["parse_issues"]}
+    if resumed is not None and resumed.resumes and res["finish_reason"] == FinishReason.REPETITION.value:
+        out["incomplete_reason"] = (f"decoding still looped after {resumed.resumes} resume(s) from the last "
+                                    f"complete segment ({res['repetition']})")
+    return out

@@ -25,20 +25,23 @@ from diarist.completeness import assess
 from engine.engine import Engine
 from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
-from engine.streaming import IncrementalDetokenizer
+from engine.sampling import SamplingParams
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.errors import EngineError
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
-from transcription.progress import EventFn, WindowProgress
+from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (
+    TIME_PRECISION,
     WhisperTimestampRules,
     WhisperTokens,
     split_segments,
     whisper_prompt,
 )
+from transcription.window_decoder import WindowDecoder, WindowResult
+from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
 from transcription.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48
@@ -199,18 +202,22 @@ class Transcriber:
         return result
 
     # -- whisper ----------------------------------------------------------------------------------------
-    def _speech(self, wave: np.ndarray) -> list[tuple[float, float]]:
+    def _speech(self, wave: np.ndarray) -> tuple[list[tuple[float, float]], Callable[[float, float], float | None]
+                                                  | None]:
+        """Speech regions (seconds) and the VAD's confidence over a span (``SpeechAnalysis.confidence``;
+        ``None`` without a VAD, when everything counts as speech)."""
         try:
-            from transcription.audio.vad import detect_speech
+            from transcription.audio.vad import analyse_speech
         except ImportError:  # VAD module not installed: treat everything as speech
-            return [(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []
-        return detect_speech(wave, device=self.cascade_device)
+            return ([(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []), None
+        vad = analyse_speech(wave, device=self.cascade_device)
+        return vad.regions, vad.confidence
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
         duration = len(wave) / SAMPLE_RATE
         t_vad = time.perf_counter()
-        speech = self._speech(wave)
+        speech, vad_confidence = self._speech(wave)
         vad_s = time.perf_counter() - t_vad
         windows = pack_windows(speech)
         metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
@@ -223,18 +230,21 @@ class Transcriber:
             choice = self.languages.choose(opts.language, opts.task, lambda: None)
             result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice,
                                   speech=speech)
+            result["windows"] = []
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
-        seqs, choice = self._run_windows(wave, windows, opts, on_event, should_cancel)
-        segments: list[dict] = []
-        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
-        for w, seq in zip(windows, seqs, strict=True):
-            segments.extend(self._window_segments(w, seq, duration, want_words=diarize and opts.word_timestamps,
-                                                  split_characters=by_char))
-        reasons = {s.finish_reason for s in seqs}
-        finish = next((r.value for r in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.REPETITION)
-                       if r in reasons), FinishReason.STOP.value)
+        want_words = diarize and opts.word_timestamps
+        first = windows[0]
+        # the first speech window decides the language of all of them (OpenAI whisper's rule)
+        choice = self.languages.choose(opts.language, opts.task, lambda: self._detect_language(
+            self._mel(wave, first), opts, should_cancel))
+        decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence, choice)
+        results = decoder.run(windows, should_cancel)
+        seqs = decoder.sequences
+        segments = [seg for r in results for seg in r.segments]
+        finish = window_finish(results, decoder.canceled).value
+        metrics.update(window_metrics(results, seqs))
         t_d = time.perf_counter()
         turns = None
         if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
@@ -249,6 +259,11 @@ class Transcriber:
         metrics.update(self._seq_metrics(seqs))
         result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice,
                               speech=speech)
+        result["windows"] = [r.as_dict() for r in results]
+        # windows the model judged non-speech leave the coverage denominator (diarist.completeness)
+        result["non_speech"] = [[w["start"], w["end"]] for w in result["windows"] if w["status"] == "no_speech"]
+        if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
+            result["incomplete"], result["incomplete_reason"] = True, reason
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
@@ -263,70 +278,79 @@ class Transcriber:
             raise EngineError(seq.error or "engine step failed")
         return self.languages.detected(seq)
 
-    def _run_windows(self, wave: np.ndarray, windows: list[Window], opts: TranscribeOptions,
-                     on_event: EventFn | None, should_cancel: Callable[[], bool] | None
-                     ) -> tuple[list[Sequence], LanguageChoice]:
-        mels = [log_mel_spectrogram(torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)]),
-                                    self.engine.model.config.num_mel_bins)[0] for w in windows]
-        # the first speech window decides the language of all of them (OpenAI whisper's rule)
-        choice = self.languages.choose(opts.language, opts.task,
-                                       lambda: self._detect_language(mels[0], opts, should_cancel))
+    def _mel(self, wave: np.ndarray, w: Window) -> torch.Tensor:
+        chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
+        return log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
+
+    def _decoder(self, wave: np.ndarray, speech: list[tuple[float, float]], opts: TranscribeOptions,
+                 on_event: EventFn | None, want_words: bool,
+                 vad_confidence: Callable[[float, float], float | None] | None,
+                 choice: LanguageChoice) -> WindowDecoder:
+        """A :class:`WindowDecoder` for one recording: attempts share the prompt (in ``choice``'s language
+        and task), rules, options and one event inbox (listeners run on the decoder's thread)."""
         language_id, task_id = self.languages.prompt_ids(choice)
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
         prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
-        progress = WindowProgress(len(windows), on_event, self.engine.config.stream_interval_s)
-        seqs: list[Sequence] = []
-        # listeners run on this thread, not the engine's loop thread; tokens come in batches of the delta window
         inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
-        keep = opts.diarize and opts.word_timestamps and bool(self.alignment_heads)
-        for i, (w, mel) in enumerate(zip(windows, mels, strict=True)):
-            detok = IncrementalDetokenizer(self.engine.tokenizer.decode, keep=lambda t: t < self.tokens.eot)
+        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
+        keep = want_words and bool(self.alignment_heads)
+        duration = len(wave) / SAMPLE_RATE
+        ts0 = self.tokens.timestamp_begin
+
+        def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
+            mel = self._mel(wave, w)
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
-            ts0 = self.tokens.timestamp_begin
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).
-            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN,
-                                    canonical=lambda t, ts0=ts0: min(ts0, t))
-            seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                           mm_inputs={"mel": mel, "keep_encoder": keep}, logits_processor=self.rules,
-                           stop_checker=guard, tag=i, admission_class=opts.admission_class)
-            seq.on_event, seq.inbox = self._make_listener(i, detok, progress, w), inbox
-            seqs.append(seq)
-        for seq in seqs:
-            self.engine.submit(seq)
-        self.engine.run_until_done(seqs, should_cancel=should_cancel)
-        errors = [s for s in seqs if s.finish_reason == FinishReason.ERROR]
-        if errors:
-            raise EngineError(errors[0].error or "engine step failed")
-        return seqs, choice
+            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
+            return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
+                            mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
+                            logits_processor=self.rules,
+                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
+                            inbox=inbox)
 
-    def _make_listener(self, index: int, detok: IncrementalDetokenizer, progress: WindowProgress, w: Window):
-        def listener(seq: Sequence, kind: str, payload: Any) -> None:
-            if kind == "token":
-                delta = detok.push(payload)
-                if delta:
-                    progress.text(index, delta)
-            elif kind == "finished":
-                rest = detok.flush()
-                if rest:
-                    progress.text(index, rest)
-                segs = [{"start": w.start + r.start, "end": w.start + r.end,
-                         "text": self.engine.tokenizer.decode(r.token_ids).strip()}
-                        for r in split_segments(self.tokens, self._kept(seq), w.duration)]
-                progress.window_done(index, segs)
-        return listener
+        def finalize(r: WindowResult) -> list[dict]:
+            segs = self._window_segments(r.window, r.seq, r.output_ids, duration, want_words, by_char)
+            if r.flag is not None:
+                for seg in segs:
+                    seg["flags"] = [r.flag]
+            return segs
 
-    @staticmethod
-    def _kept(seq: Sequence) -> list[int]:
-        """Output ids without a repeated tail the loop guard stopped."""
-        if seq.finish_reason == FinishReason.REPETITION and isinstance(seq.stop_checker, RepetitionGuard):
-            return seq.stop_checker.kept_output(seq.output_ids)
-        return seq.output_ids
+        return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
+                             speech, on_event, vad_confidence, self._cut_at_word)
 
-    def _window_segments(self, w: Window, seq: Sequence, duration: float, want_words: bool,
-                         split_characters: bool = False) -> list[dict]:
+    def _cut_at_word(self, seq: Sequence, ids: list[int], w: Window, limit_s: float
+                     ) -> tuple[list[int], float] | None:
+        """``ids`` up to the last aligned word that ends by ``limit_s`` (seconds into ``w``), closed by a
+        timestamp token at that word's end, and that end; ``None`` without the attempt's encoder output."""
+        enc = seq.mm_state.get("encoder")
+        if enc is None or not self.alignment_heads:
+            return None
+        from transcription.whisper_align import align_words
+
+        words = align_words(self.engine.model, self.engine.tokenizer, enc, seq.prompt_ids, ids,
+                            self.alignment_heads, min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH))))
+        kept = [x for x in words if x["end"] <= limit_s]
+        if not kept:
+            return None
+        n_text, end = sum(len(x["tokens"]) for x in kept), kept[-1]["end"]
+        out, seen = [], 0
+        for tok in ids:
+            if seen == n_text:
+                break
+            out.append(tok)
+            seen += tok < self.tokens.eot
+        while out and out[-1] >= self.tokens.timestamp_begin:  # a segment closed just before: close it anew
+            out.pop()
+        step = min(round(end / TIME_PRECISION), round(30.0 / TIME_PRECISION))
+        return [*out, self.tokens.timestamp_begin + step], step * TIME_PRECISION
+
+    def _window_segments(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
+                         want_words: bool, split_characters: bool = False) -> list[dict]:
+        """Segments (absolute seconds, clamped to ``[0, duration]``) of the tokens ``output_ids`` decoded
+        from window ``w``, with aligned words when ``want_words`` and the attempt kept its encoder output
+        (which is dropped here)."""
         tok = self.engine.tokenizer
-        output_ids = self._kept(seq)
         out = []
         words_all: list[dict] = []
         enc = seq.mm_state.pop("encoder", None)
@@ -393,8 +417,14 @@ class Transcriber:
         choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
                                 found["task"])
         speech = [tuple(sp) for r in results for sp in r["speech"]]  # coverage over every channel's speech
-        return self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
-                            language=choice, speech=speech)
+        out = self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
+                           language=choice, speech=speech)
+        out["windows"] = [{**w, "channel": ch} for ch, r in enumerate(results) for w in r.get("windows", [])]
+        reasons = [f"channel {ch + 1}: {r['incomplete_reason']}" for ch, r in enumerate(results)
+                   if r.get("incomplete_reason")]
+        if reasons:
+            out["incomplete"], out["incomplete_reason"] = True, "; ".join(reasons)
+        return out
 
     # -- result ------------------------------------------------------------------------------------------
     @staticmethod

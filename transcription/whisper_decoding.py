@@ -32,6 +32,12 @@ class WhisperTokens:
     translate: int = 50357
     language_base: int = 50259
 
+    @property
+    def no_speech(self) -> int:
+        """``<|nocaptions|>`` (English-only) / ``<|nospeech|>`` (multilingual): the id before
+        ``<|notimestamps|>`` in both vocabularies."""
+        return self.no_timestamps - 1
+
     @classmethod
     def from_vocab(cls, vocab_size: int) -> WhisperTokens:
         """English-only checkpoints have 51864 ids, multilingual ones 51865 (one more language token)."""
@@ -44,6 +50,11 @@ class WhisperTokens:
 
 class WhisperTimestampRules:
     """Per-sequence logits processor: suppression and timestamp pairing rules on float32 ``[vocab]``.
+
+    At a sequence's first step it also records the model's no-speech probability (softmax of the raw
+    logits at ``<|nospeech|>``, as OpenAI Whisper reads it at ``<|startoftranscript|>``) in
+    ``seq.mm_state["no_speech_prob"]``, when the prompt ends with ``<|startoftranscript|>`` (English-only
+    prompts); after language and task tokens the model gives no such probability and none is recorded.
 
     Args:
         suppress_ids: ids always suppressed (the checkpoint's ``suppress_ids``).
@@ -62,6 +73,8 @@ class WhisperTimestampRules:
         t, out = self.t, seq.output_ids
         x = logits.clone()
         neg = -float("inf")
+        if not out and seq.prompt_ids and seq.prompt_ids[-1] == t.sot:
+            seq.mm_state["no_speech_prob"] = float(torch.softmax(logits.float(), dim=-1)[t.no_speech])
         if not out:
             x[self.suppress_begin] = neg
         x[self.suppress] = neg

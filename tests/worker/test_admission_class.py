@@ -168,7 +168,7 @@ def test_every_whisper_window_gets_the_class(whisper_engine, tmp_path):
         client = InProcessEngineClient(Transcriber(whisper_engine))
         result = client.transcribe(long, {"num_speakers": 1}, admission_class="long")
         classes = rec.take()
-        assert result["metrics"]["windows"] == len(classes) >= 2
+        assert result["metrics"]["decode_attempts"] == len(classes) >= result["metrics"]["windows"] >= 2
         assert set(classes) == {"long"}
     finally:
         rec.restore()

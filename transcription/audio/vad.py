@@ -35,6 +35,7 @@ union with Silero's regions. The model runs once per recording: ``diarize`` reus
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -140,10 +141,39 @@ def _merge(regions: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
+@dataclass(frozen=True)
+class SpeechAnalysis:
+    """The VAD's answer for one recording: ``regions`` (as :func:`detect_speech` returns them) and Silero's
+    per-frame probabilities ``probs`` (float32 ``[ceil(n / 512)]``, 32 ms frames; empty when the input was
+    too short to score)."""
+
+    regions: list[tuple[float, float]]
+    probs: np.ndarray
+
+    def confidence(self, start: float, end: float) -> float | None:
+        """Mean Silero probability over the speech frames inside ``[start, end)`` (seconds): how sure the
+        VAD is that the speech it found there is speech; ``None`` when no speech region meets the span."""
+        total, frames = 0.0, 0
+        for s, e in self.regions:
+            a, b = max(s, start), min(e, end)
+            if b <= a:
+                continue
+            seg = self.probs[int(a * SAMPLE_RATE) // FRAME : -(-int(b * SAMPLE_RATE) // FRAME)]
+            total, frames = total + float(seg.sum()), frames + seg.size
+        return total / frames if frames else None
+
+
 def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                   min_silence_s: float = 0.3, pad_s: float = 0.1,
                   segmentation: bool = True, device: str = "cpu") -> list[tuple[float, float]]:
-    """Speech regions of a 16 kHz mono recording.
+    """Speech regions of a 16 kHz mono recording (:func:`analyse_speech`'s ``regions``)."""
+    return analyse_speech(wave, threshold, min_speech_s, min_silence_s, pad_s, segmentation, device).regions
+
+
+def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
+                   min_silence_s: float = 0.3, pad_s: float = 0.1,
+                   segmentation: bool = True, device: str = "cpu") -> SpeechAnalysis:
+    """Speech regions of a 16 kHz mono recording, with Silero's frame probabilities.
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz (any length, including 0).
@@ -152,23 +182,23 @@ def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float 
             False gives Silero's regions alone. Ignored when the model's weights are not installed.
         device: where segmentation-3.0 runs (Silero's ONNX model stays on the CPU).
     Returns:
-        Sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``; ``[]`` when
-        there is no speech or the input is shorter than ``min_speech_s``.
+        ``regions``: sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``;
+        ``[]`` when there is no speech or the input is shorter than ``min_speech_s``.
     """
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
     if wave.size < min_speech_s * SAMPLE_RATE:
-        return []
+        return SpeechAnalysis([], np.zeros(0, np.float32))
     probs = speech_probabilities(normalise_level(wave))
     regions = _silero_regions(probs, wave.size, threshold, min_speech_s, min_silence_s, pad_s)
     if not regions or not segmentation:
-        return regions
+        return SpeechAnalysis(regions, probs)
     try:
         proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device)
     except FileNotFoundError:
-        return regions
+        return SpeechAnalysis(regions, probs)
 
     def silero_max(s: float, e: float) -> float:
         return float(probs[int(s * SAMPLE_RATE) // FRAME : -(-int(e * SAMPLE_RATE) // FRAME)].max(initial=0.0))
 
     confirmed = [(s, e) for s, e in proposed if silero_max(s, e) >= threshold]
-    return _merge(regions + confirmed)
+    return SpeechAnalysis(_merge(regions + confirmed), probs)

@@ -1,0 +1,223 @@
+"""The window decoder's rules on a scripted Whisper: fallback, resume after a loop, seams, silence, flags.
+
+The scripted model "hears" a recording of numbered words (word ``k`` spans ``[0.5 k, 0.5 k + 0.4]`` s) and
+answers a window the way tiny.en does, timestamps and all: segments of four words, and the faults the
+issue reports: words in the last seconds before a cut inside speech are dropped (the model closes its
+segment and stops), and a loop ("loop loop loop ...") where the test asks for one. The real loop guard, stop
+rules and quality checks run on its tokens.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+
+from engine.request import FinishReason, Sequence, Status, stop_reason
+from engine.sampling import SamplingParams
+from transcription.decode_quality import FALLBACK_SEED, LOOP, LOW_CONFIDENCE, TEMPERATURES
+from transcription.repetition import RepetitionGuard
+from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
+from transcription.window_decoder import MAX_RESUMES, WindowDecoder, WindowResult
+from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
+from transcription.windows import Window, pack_windows
+
+T = WhisperTokens()
+WORD0 = 1000  # token of word k: WORD0 + k
+LOOP_TOKEN = 999
+
+
+def word_span(k: int) -> tuple[float, float]:
+    return 0.5 * k, 0.5 * k + 0.4
+
+
+def ts(seconds: float) -> int:
+    return T.timestamp_begin + round(seconds / TIME_PRECISION)
+
+
+class Script:
+    """What the scripted model outputs for a window, and with which confidence."""
+
+    def __init__(self, n_words: int, loop=None, logprob: float = -0.2, no_speech: float = 0.01,
+                 drop_before_cut_s: float = 3.0, early_eot_s: float = 0.0) -> None:
+        self.n_words = n_words
+        self.early_eot_s = early_eot_s  # windows over 10 s end their text this early, cut or not
+        self.loop = loop  # (window, temperature) -> index into the window's words where a loop starts, or None
+        self.logprob = logprob
+        self.no_speech = no_speech
+        self.drop = drop_before_cut_s
+
+    def tokens(self, w: Window, temperature: float, cut: bool) -> list[int]:
+        words = [k for k in range(self.n_words) if word_span(k)[0] >= w.start - 1e-9 and word_span(k)[1] <= w.end]
+        if cut:  # the fault at a hard cut: the last seconds' words never come out
+            words = [k for k in words if word_span(k)[1] <= w.end - self.drop]
+        if self.early_eot_s and w.duration > 10.0:  # end-of-text with speech left in the window
+            words = [k for k in words if word_span(k)[1] <= w.end - self.early_eot_s]
+        loop_at = self.loop(w, temperature) if self.loop else None
+        out: list[int] = []
+        for i in range(0, len(words), 4):
+            group = words[i : i + 4]
+            if loop_at is not None and i + 4 > loop_at:
+                head = [k for k in group if words.index(k) < loop_at]
+                out += [ts(word_span(group[0])[0] - w.start)] + [WORD0 + k for k in head]
+                return out + [LOOP_TOKEN] * 400  # no closing timestamp: the loop runs to the budget
+            out += [ts(word_span(group[0])[0] - w.start), *(WORD0 + k for k in group),
+                    ts(word_span(group[-1])[1] - w.start)]
+        return out + [T.eot]
+
+
+class FakeEngine:
+    """Runs each submitted sequence to its end at once with the engine's own stop rules."""
+
+    def __init__(self, script: Script, speech: list[tuple[float, float]]) -> None:
+        self.script = script
+        self.speech = speech
+        self.submitted: list[Sequence] = []
+
+    def _cut(self, w: Window) -> bool:
+        return any(s < w.end - 1e-6 and e > w.end + 1e-6 for s, e in self.speech)
+
+    def submit(self, seq: Sequence) -> None:
+        w = seq.tag
+        self.submitted.append(seq)
+        seq.mm_state["no_speech_prob"] = self.script.no_speech
+        for tok in self.script.tokens(w, seq.sampling.temperature, self._cut(w)):
+            seq.output_ids.append(tok)
+            seq.output_logprobs.append(self.script.logprob)
+            reason = stop_reason(seq, tok)
+            if reason is not None:
+                seq.finish_reason, seq.status = reason, Status.FINISHED
+                return
+        raise AssertionError("script ended without a stop")
+
+    def run_until_any_done(self, seqs, timeout_s=None, should_cancel=None):
+        return [s for s in seqs if s.finished]
+
+    def run_until_done(self, seqs, timeout_s=None, should_cancel=None):
+        return seqs
+
+    def abort(self, seq):  # pragma: no cover - nothing is ever left running
+        raise AssertionError("no abort expected")
+
+
+def word(k: int) -> str:
+    """Word ``k``'s spelling: letters drawn from ``k`` (a numbered vocabulary would compress like a loop)."""
+    rng = random.Random(k)
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
+
+
+def decode_ids(ids: list[int]) -> str:
+    return " ".join("loop" if t == LOOP_TOKEN else word(t - WORD0) for t in ids if t < T.eot)
+
+
+def run(script: Script, speech: list[tuple[float, float]], events=None):
+    eng = FakeEngine(script, speech)
+
+    def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
+        guard = RepetitionGuard(None, min_span=48, canonical=lambda t: min(T.timestamp_begin, t))
+        return Sequence(prompt_ids=[T.sot], max_new_tokens=max(64, int(10 * w.duration)),
+                        stop_token_ids=(T.eot,), sampling=sampling, stop_checker=guard, tag=w)
+
+    def finalize(r: WindowResult) -> list[dict]:
+        return [{"start": r.window.start + x.start, "end": r.window.start + x.end, "text": decode_ids(x.token_ids)}
+                for x in split_segments(T, r.output_ids, r.window.duration)]
+
+    dec = WindowDecoder(eng, T, decode_ids, new_sequence, finalize, speech,
+                        on_event=(lambda k, p: events.append((k, p))) if events is not None else None)
+    results = dec.run(pack_windows(speech))
+    words = " ".join(s["text"] for r in results for s in r.segments).split()
+    return dec, results, words, eng
+
+
+def every_word(n: int) -> list[str]:
+    return [word(k) for k in range(n)]
+
+
+def test_speech_through_hard_cuts_keeps_every_word_once():
+    n = 150  # 75 s of speech without a pause: cuts at 30 s and later
+    dec, results, words, _ = run(Script(n), [(0.0, 75.0)])
+    assert words == every_word(n)
+    assert len(results) >= 3 and all(r.status == "ok" for r in results)
+    assert window_metrics(results, dec.sequences)["windows_refed"] >= 2
+    assert all(r.window.duration <= 30.0 + 1e-9 for r in results)
+
+
+def test_without_the_seam_rule_the_cut_loses_words():
+    """The scripted fault is real: a window cut inside speech drops its last seconds' words."""
+    script = Script(80)
+    toks = script.tokens(Window(0.0, 30.0), 0.0, cut=True)
+    heard = {t - WORD0 for t in toks if WORD0 <= t < WORD0 + 80}
+    assert heard == set(range(54))  # words 54..59 (27-30 s) are missing from that window
+
+
+def test_speech_after_an_early_end_of_text_is_decoded_again():
+    n = 56  # 28 s in one window that ends at a silence; the model stops 5 s early
+    _, results, words, _ = run(Script(n, early_eot_s=5.0), [(0.0, 28.0)])
+    assert words == every_word(n)
+    assert results[0].end < results[0].window.end and results[1].window.start == results[0].end
+
+
+def test_a_greedy_loop_is_recovered_by_the_next_temperature():
+    n = 40
+    _, results, words, eng = run(Script(n, loop=lambda w, temp: 6 if temp == 0.0 else None), [(0.0, 20.0)])
+    assert words == every_word(n)
+    (r,) = results
+    assert r.status == "ok" and r.attempts == 2 and r.quality.temperature == TEMPERATURES[1]
+    assert [s.sampling for s in eng.submitted] == [
+        SamplingParams(temperature=t, seed=FALLBACK_SEED, logprobs=True) for t in TEMPERATURES[:2]]
+    assert window_finish(results, False) == FinishReason.STOP and incomplete_reason(results) is None
+
+
+def test_a_loop_at_every_temperature_resumes_after_the_last_good_segment():
+    n = 40
+    first = Window(0.0, 20.0)  # the recording's window loops at word 10 whatever the temperature
+    _, results, words, _ = run(Script(n, loop=lambda w, temp: 10 if w == first else None), [(0.0, 20.0)])
+    assert words == every_word(n)
+    assert results[0].window == first and results[0].attempts == len(TEMPERATURES)
+    assert results[0].end == pytest.approx(word_span(7)[1])  # text kept up to its last complete segment
+    assert results[1].window.start == pytest.approx(word_span(7)[1]) and results[1].status == "ok"
+    assert window_finish(results, False) == FinishReason.STOP and incomplete_reason(results) is None
+
+
+def test_a_window_that_always_loops_is_flagged_and_the_transcript_incomplete():
+    n = 40  # every window loops after its first segment, at every temperature
+    _, results, words, _ = run(Script(n, loop=lambda w, temp: 6), [(0.0, 20.0)])
+    failed = [r for r in results if r.status == "failed"]
+    assert len(failed) == 1 and failed[0].flag == LOOP and failed[0] is results[-1]
+    assert len(results) == MAX_RESUMES + 1  # each resume kept its first segment, then it gave up
+    assert all(s["text"] for r in failed for s in r.segments)  # its best text is kept, not dropped
+    assert window_finish(results, False) == FinishReason.REPETITION
+    reason = incomplete_reason(results)
+    assert reason and "looped" in reason and f"{failed[0].window.start:.1f}" in reason
+    assert words[: 4 * (MAX_RESUMES + 1)] == every_word(4 * (MAX_RESUMES + 1))  # nothing before it lost
+
+
+def test_a_loop_before_any_complete_segment_gives_the_window_up_at_once():
+    _, results, words, _ = run(Script(40, loop=lambda w, temp: 2), [(0.0, 20.0)])
+    (r,) = results
+    assert r.status == "failed" and r.flag == LOOP and r.attempts == len(TEMPERATURES)
+    assert words[:2] == every_word(2)  # the words before the loop stay
+
+
+def test_silence_by_the_model_and_the_vad_keeps_no_text():
+    _, results, words, _ = run(Script(20, logprob=-1.5, no_speech=0.9), [(0.0, 10.0)])
+    assert words == [] and results[0].status == "no_speech" and results[0].attempts == 1
+
+
+def test_low_confidence_everywhere_keeps_the_text_and_flags_it():
+    _, results, words, _ = run(Script(20, logprob=-1.5, no_speech=0.1), [(0.0, 10.0)])
+    (r,) = results
+    assert words == every_word(20)
+    assert r.status == "failed" and r.flag == LOW_CONFIDENCE and r.attempts == len(TEMPERATURES)
+    assert incomplete_reason(results) is None and window_finish(results, False) == FinishReason.STOP
+
+
+def test_events_arrive_in_time_order_and_spell_the_transcript():
+    events: list = []
+    n = 150
+    _, results, words, _ = run(Script(n, loop=lambda w, temp: 5 if (w.start < 1 and temp == 0) else None),
+                                 [(0.0, 40.0), (41.0, 75.0)], events)
+    starts = [p["start"] for k, p in events if k == "segment"]
+    assert starts == sorted(starts) and len(starts) == sum(len(r.segments) for r in results)
+    assert " ".join("".join(p["text"] for k, p in events if k == "delta").split()) == " ".join(words)
