@@ -46,6 +46,7 @@ SERVICE_WHEELS=(
   click-didyoumean==0.3.1 click-plugins==1.1.1.2 click-repl==0.4.1 prompt_toolkit==3.0.53 wcwidth==0.9.4
   sqlalchemy==2.1.9 greenlet==3.5.6 alembic==1.20.1 mako==1.4.3
   redis==8.1.0                   # kombu's Redis transport, for the redis-server copied below
+  soxr==1.1.0                    # the MOSS-TD frontend's resampler (the official loader's), for non-16 kHz input
 )
 SERVICE_SDISTS=(srt==3.5.3)      # pure Python with no wheel on PyPI: built here into a py3-none-any wheel
 TEST_WHEELS=(silero-vad==6.2.3)  # 11 MiB of ONNX/JIT models; only the Whisper transcriber's VAD needs it

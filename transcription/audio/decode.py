@@ -138,10 +138,9 @@ class Frontend(str, Enum):
 
 def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     """``[channels, n]`` float32 at ``rate`` -> ``[channels, ceil(n * 16000 / rate)]`` (soxr ``soxr_hq``)."""
-    import soxr
-
     if rate == SAMPLE_RATE:
         return samples
+    import soxr  # only here: 16 kHz input, and machines without soxr (the GPU image), never need it
     n = math.ceil(samples.shape[1] * SAMPLE_RATE / rate)
     out = np.zeros((samples.shape[0], n), dtype=np.float32)
     for c, x in enumerate(samples):
