@@ -86,6 +86,21 @@ async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
 
 
 def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
+    """The request's options, checked before any work (speaker hints: integers in range and consistent), so a
+    bad request is a 422 now rather than an error after its whole transcription.
+
+    Raises:
+        ValueError, TypeError: an option of the wrong type or value.
+    """
+    from transcription.diarization.cluster import check_hints
+
+    if not isinstance(raw, dict):
+        raise TypeError("options must be a JSON object")
+    hints = {k: raw.get(k) for k in ("num_speakers", "min_speakers", "max_speakers")}
+    for k, v in hints.items():
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise TypeError(f"{k} must be an integer, not {v!r}")
+    check_hints(**hints)
     return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in OPTION_FIELDS and v is not None})
 
 
@@ -221,7 +236,12 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             raise ApiError(422, "invalid_request", f"{PCM_HEADER}: {e}") from None
         if fmt.nbytes > MAX_PCM_BYTES:
             raise ApiError(413, "too_large", f"PCM body of {fmt.nbytes} bytes; at most {MAX_PCM_BYTES}")
-        body, n = bytearray(fmt.nbytes), 0
+        seconds = fmt.frames / fmt.sample_rate
+        if seconds > tr.max_duration_s:  # refused before a byte is allocated for it
+            raise ApiError(422, "too_long", f"the audio lasts {seconds:.0f} s; this engine takes at most "
+                                            f"{tr.max_duration_s:g} s")
+        # zero-filling gigabytes takes seconds: off the event loop, which every other stream shares
+        body, n = await anyio.to_thread.run_sync(bytearray, fmt.nbytes), 0
         async for chunk in request.stream():
             if n + len(chunk) > len(body):
                 raise ApiError(422, "invalid_pcm", f"PCM body longer than the header's {fmt.nbytes} bytes")

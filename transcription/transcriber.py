@@ -215,9 +215,10 @@ class Transcriber:
         ``None`` without a VAD, when everything counts as speech)."""
         try:
             from transcription.audio.vad import analyse_speech
-        except ImportError:  # VAD module not installed: treat everything as speech
+
+            vad = analyse_speech(wave, device=self.cascade_device)
+        except ImportError:  # VAD package (silero-vad) not installed: treat everything as speech
             return ([(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []), None
-        vad = analyse_speech(wave, device=self.cascade_device)
         return vad.regions, vad.confidence
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,

@@ -144,3 +144,36 @@ def test_openai_route_on_the_engine_carries_completeness(engine_client):
     done = events[-1]
     assert done["type"] == "transcript.text.done" and "ask not" in done["text"].lower()
     assert done["finish_reason"] == "stop" and done["incomplete"] is False and done["coverage"] == data["coverage"]
+
+
+def test_nonfinite_samples_are_counted_by_the_engine_not_taken_from_the_header(engine_client):
+    """A PCM body full of NaN is refused (invalid_samples) even when its header claims none; a few are
+    replaced and reported."""
+    import numpy as np
+
+    from diarist.engine_wire import PcmFormat
+
+    n = 16_000
+    fmt = PcmFormat(channels=1, frames=n, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
+    nan = np.full(n, np.nan, dtype="<f4")
+    r = _pcm_post(engine_client, None, fmt.to_header(), nan.tobytes())
+    assert r[-1]["status"] == 422 and r[-1]["error"]["code"] == "invalid_samples"
+    few = np.zeros(n, dtype="<f4")
+    few[:5] = np.inf
+    r = _pcm_post(engine_client, None, fmt.to_header(), few.tobytes())
+    assert r[-1]["type"] == "result"
+    warnings = r[-1]["result"].get("warnings") or []
+    assert [w["count"] for w in warnings if w["code"] == "invalid_samples"] == [5]
+
+
+def test_bad_options_and_oversized_headers_are_refused_before_any_work(engine_client):
+    from diarist.engine_wire import PcmFormat
+
+    fmt = PcmFormat(channels=1, frames=1600, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
+    for bad in ({"num_speakers": "x"}, {"num_speakers": 0}, {"min_speakers": 5, "max_speakers": 2}):
+        r = _pcm_post(engine_client, None, fmt.to_header(), b"\0" * fmt.nbytes, bad)
+        assert r[-1]["status"] == 422 and r[-1]["error"]["code"] == "invalid_request", bad
+    huge = PcmFormat(channels=1, frames=16_000 * 3600 * 7, sample_rate=16_000, source_sample_rate=16_000,
+                     source_channels=1)
+    r = _pcm_post(engine_client, None, huge.to_header(), b"\0" * 64)
+    assert r[-1]["status"] == 422 and r[-1]["error"]["code"] == "too_long"

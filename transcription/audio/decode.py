@@ -99,16 +99,29 @@ class DecodedAudio:
         """Rebuild what :meth:`pcm_format` and :meth:`pcm_chunks` sent (no copy of ``body``).
 
         Raises:
-            AudioError: ``invalid_pcm`` when the body's size or rate does not match ``fmt``.
+            AudioError: ``invalid_pcm`` when the body's size or rate does not match ``fmt``;
+                ``invalid_samples`` when too many of its values are NaN/inf (they are counted here, not
+                taken from the header, and replaced by 0 below the limit).
         """
         if fmt.sample_rate != SAMPLE_RATE:
             raise AudioError("invalid_pcm", f"PCM at {fmt.sample_rate} Hz; the engine takes {SAMPLE_RATE} Hz")
         if len(body) != fmt.nbytes:
             raise AudioError("invalid_pcm", f"PCM body of {len(body)} bytes; the header says {fmt.nbytes}")
         samples = np.frombuffer(body, dtype="<f4").reshape(fmt.channels, fmt.frames)
+        # The header's count is the decoder's (values of the source); the body is checked too, since the
+        # engine never reads non-finite samples as silence whoever sent them.
+        here = int(np.count_nonzero(~np.isfinite(samples)))
+        if here:
+            samples = samples.copy() if not samples.flags.writeable else samples
+            replace_nonfinite(samples)
+        nonfinite, values = max(fmt.nonfinite, here), max(fmt.source_values, samples.size)
+        try:
+            check_nonfinite(nonfinite, values)
+        except InvalidSamples as e:
+            raise AudioError(e.code, e.message) from None
         return cls(samples=samples, source_sample_rate=fmt.source_sample_rate,
                    source_channels=fmt.source_channels, codec=fmt.codec, container=fmt.container,
-                   nonfinite=fmt.nonfinite, source_values=fmt.source_values)
+                   nonfinite=nonfinite, source_values=values)
 
 
 Source = str | Path | bytes | BinaryIO
