@@ -18,6 +18,10 @@ class DeviceUnavailable(ValueError):
     code = "device_unavailable"
 
 
+MODEL_FAMILIES = ("whisper", "moss-td")
+"""Values of :attr:`EngineConfig.model`: the model families the engine loads."""
+
+
 @dataclass
 class EngineConfig:
     """Static configuration of one engine instance.

@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from cli.commands import plain
+from engine.config import MODEL_FAMILIES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -16,7 +17,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="listen address (default DIARIST_ENGINE_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE)")
-    p.add_argument("--model", default=None, help="model family (default DIARIST_MODEL)")
+    p.add_argument("--model", default=None, choices=MODEL_FAMILIES, help="model family (default DIARIST_MODEL)")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default DIARIST_MODEL_PATH; whisper: "
                    "the bundled tiny.en; moss-td has none and refuses to start without one)")
     p.add_argument("--load-format", default=None, choices=["auto", "ct2", "hf", "dummy"],

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from engine.checkpoints import packaged_whisper
-from engine.config import EngineConfig
+from engine.config import MODEL_FAMILIES, EngineConfig
 from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError, load_ct2_whisper, load_ct2_whisper_bytes
 from engine.loaders.split import assemble
@@ -102,4 +102,4 @@ def load_model(cfg: EngineConfig) -> LoadedModel:
         from engine.loaders.moss_td import load_moss_td
 
         return load_moss_td(cfg)
-    raise ValueError(f"unknown model {cfg.model!r} (expected 'whisper' or 'moss-td')")
+    raise ValueError(f"unknown model {cfg.model!r} (expected one of {', '.join(MODEL_FAMILIES)})")

@@ -174,3 +174,12 @@ def test_a_device_that_is_not_there_is_one_line_and_status_2(tmp_path, capsys, m
     assert len(lines) == 1 and f"device_unavailable: device '{device}'" in lines[0], err
     assert "Traceback" not in err
     assert not (tmp_path / "data" / "diarist.sqlite3").exists()  # nothing opened before the engine failed
+
+
+def test_engine_refuses_an_unknown_model_family_in_one_line():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "cli", "engine", "--model", "mossy"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "invalid choice: 'mossy'" in proc.stderr and "Traceback" not in proc.stderr
