@@ -180,6 +180,7 @@ def test_engine_refuses_an_unknown_model_family_in_one_line():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "cli", "engine", "--model", "mossy"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli", "engine", "--model", "mossy"], check=False,
+                          capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice: 'mossy'" in proc.stderr and "Traceback" not in proc.stderr
