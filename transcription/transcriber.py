@@ -10,12 +10,10 @@ labels come from the model).
 
 from __future__ import annotations
 
-import asyncio
 import math
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ from transcription.cancel import Canceled
 from transcription.errors import EngineError
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
+from transcription.options import TranscribeOptions, window_budget
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (
@@ -46,52 +45,6 @@ from transcription.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48
 """Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
-
-
-WHISPER_TOKENS_PER_S = 10.0
-"""Output budget rate for a Whisper window: fast speech is ~4-5 text tokens/s plus a timestamp pair every
-few seconds, so 10 tokens/s leaves 2x headroom (the MOSS-TD peer, sgl-project/sglang-omni
-#1034, uses the same factor)."""
-
-
-def window_budget(window_s: float) -> int:
-    """Default ``max_new_tokens`` of one Whisper window: ``max(64, ceil(10 * window_s))`` tokens, later
-    clamped by the scheduler to the context left (448 minus the prompt for Whisper)."""
-    return max(64, math.ceil(WHISPER_TOKENS_PER_S * window_s))
-
-
-@dataclass
-class TranscribeOptions:
-    """Per-request options (names follow OpenAI / AssemblyAI).
-
-    Attributes:
-        language: ISO 639-1 code of the speech. An English-only Whisper (tiny.en) refuses any other
-            (``unsupported_language``) instead of writing English-sounding text for it; a multilingual one
-            decodes in it, and detects the language when it is ``None`` (:mod:`transcription.language`).
-        task: ``transcribe`` (text in the speech's language) or ``translate`` (English text; multilingual
-            Whisper only, else ``unsupported_task``).
-        prompt: text that conditions the decoder (vocabulary, spelling).
-        num_speakers / min_speakers / max_speakers: hints for speaker clustering.
-        multichannel: one speaker per channel: transcribe each channel, label by channel.
-        max_new_tokens: output budget per sequence (tokens); default from the model and duration.
-        diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
-        word_timestamps: compute word times (needed to split segments at speaker changes).
-        admission_class: the engine admission class of every sequence of this request
-            (``engine.request.ADMISSION_CLASSES``: the job's duration class, ``short`` or ``long``, or
-            ``default``); the engine admits each class against its own limit.
-    """
-
-    language: str | None = None
-    task: str = "transcribe"
-    prompt: str | None = None
-    num_speakers: int | None = None
-    min_speakers: int | None = None
-    max_speakers: int | None = None
-    multichannel: bool = False
-    max_new_tokens: int | None = None
-    diarize: bool = True
-    word_timestamps: bool = True
-    admission_class: str = "default"
 
 
 class Transcriber:
@@ -460,33 +413,3 @@ class Transcriber:
             "no_speech": no_speech,
             "metrics": metrics,
         }
-
-
-async def stream_transcription(transcriber: Transcriber, source: Any,
-                               options: TranscribeOptions | None = None) -> AsyncIterator[dict]:
-    """Run a transcription on a worker thread and yield its events as they happen.
-
-    Yields dicts ``{"type": kind, **payload}`` with kinds ``queued``, ``started``, ``delta`` ({text}),
-    ``segment`` ({start, end, text}), ``finished`` ({metrics, finish_reason}) and finally ``result``
-    ({result}: the dict :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
-    Cancelling the iterator does not stop the engine work already submitted.
-    """
-    loop = asyncio.get_running_loop()
-    q: asyncio.Queue[dict | None] = asyncio.Queue()
-
-    def on_event(kind: str, payload: dict) -> None:
-        loop.call_soon_threadsafe(q.put_nowait, {"type": kind, **payload})
-
-    def work() -> None:
-        try:
-            result = transcriber.transcribe(source, options, on_event)
-            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
-        except Exception as e:  # noqa: BLE001 - reported as an event; the caller decides the HTTP status
-            code = getattr(e, "code", "engine_error")
-            loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})
-        finally:
-            loop.call_soon_threadsafe(q.put_nowait, None)
-
-    threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
-    while (item := await q.get()) is not None:
-        yield item

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,7 +89,7 @@ def test_coalescer_first_at_once_then_windows():
 
 @pytest.mark.slow
 def test_event_stream_order_and_content(whisper_engine):
-    from transcription.transcriber import TranscribeOptions, Transcriber, stream_transcription
+    from transcription.transcriber import TranscribeOptions, Transcriber
 
     tr = Transcriber(whisper_engine)
 
@@ -141,3 +142,32 @@ def test_window_progress_keeps_text_of_windows_that_finish_out_of_order():
     text = "".join(x["text"] for k, x in events if k == "delta")
     assert text == "hello world again"
     assert [x["start"] for k, x in events if k == "segment"] == [0.0, 10.0, 20.0]
+
+
+async def stream_transcription(transcriber, source, options=None):
+    """The test's event consumer: run a transcription on a worker thread and yield its events as they happen.
+
+    Yields dicts ``{"type": kind, **payload}`` with kinds ``queued``, ``started``, ``delta`` ({text}),
+    ``segment`` ({start, end, text}), ``finished`` ({metrics, finish_reason}) and finally ``result``
+    ({result}: the dict :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
+    Cancelling the iterator does not stop the engine work already submitted.
+    """
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[dict | None] = asyncio.Queue()
+
+    def on_event(kind: str, payload: dict) -> None:
+        loop.call_soon_threadsafe(q.put_nowait, {"type": kind, **payload})
+
+    def work() -> None:
+        try:
+            result = transcriber.transcribe(source, options, on_event)
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
+        except Exception as e:  # noqa: BLE001 - reported as an event; the caller decides the HTTP status
+            code = getattr(e, "code", "engine_error")
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})
+        finally:
+            loop.call_soon_threadsafe(q.put_nowait, None)
+
+    threading.Thread(target=work, name="diarist-transcribe", daemon=True).start()
+    while (item := await q.get()) is not None:
+        yield item
