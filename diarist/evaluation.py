@@ -53,10 +53,10 @@ def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> d
     if ref_text is None and refs.speaker_lines is not None:
         ref_text = " ".join(line.text for line in refs.speaker_lines)
     ref_speakers = None
+    rec["hyp_words"] = len(scoring.normalize_text(t.text).split())
     if ref_text is not None:
         if not scoring.normalize_text(ref_text):
             rec["expected_no_speech"] = True
-            rec["hyp_words"] = len(scoring.normalize_text(t.text).split())
             ref_speakers = 0
         else:
             attempt("WER/CER", lambda: scoring.text_errors(ref_text, t.text))

@@ -57,8 +57,10 @@ def _chars(text: str) -> str:
 def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
     """WER and CER of ``hypothesis`` against a non-empty ``reference`` (both raw text).
 
-    Returns ``{wer, wer_errors, ref_words, cer, cer_errors, ref_chars, scoring}`` where
+    Returns ``{wer, wer_errors, wer_deletions, ref_words, cer, cer_errors, ref_chars, scoring}`` where
     ``scoring`` is ``"words"`` or ``"chars"`` (zh/ja); WER fields are ``None`` for chars.
+    ``wer_deletions`` counts reference words the hypothesis lost (jiwer's alignment), the figure behind
+    "no excerpt loses more than 20% of its reference words".
     Raises ``ReferenceFileError`` if the reference is empty after normalisation.
     """
     import jiwer
@@ -66,7 +68,7 @@ def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
     ref, hyp = normalize_text(reference), normalize_text(hypothesis)
     if not ref:
         raise ReferenceFileError("reference text is empty after normalisation")
-    out: dict[str, Any] = {"wer": None, "wer_errors": None, "ref_words": None}
+    out: dict[str, Any] = {"wer": None, "wer_errors": None, "wer_deletions": None, "ref_words": None}
     cjk = is_cjk(ref)
     if cjk:
         ref_c, hyp_c = ref.replace(" ", ""), hyp.replace(" ", "")
@@ -75,7 +77,7 @@ def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
         w = jiwer.process_words(ref, hyp)
         errors = w.substitutions + w.deletions + w.insertions
         n = w.substitutions + w.deletions + w.hits
-        out.update(wer=errors / n, wer_errors=errors, ref_words=n)
+        out.update(wer=errors / n, wer_errors=errors, wer_deletions=w.deletions, ref_words=n)
     c = jiwer.process_characters(ref_c, hyp_c)
     errors = c.substitutions + c.deletions + c.insertions
     n = c.substitutions + c.deletions + c.hits

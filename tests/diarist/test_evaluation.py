@@ -149,6 +149,8 @@ def test_hand_computed_values(synthetic):
     assert m["jer_c0"] == pytest.approx(((1 - 4 / 5) + (1 - 3 / 4.5)) / 2)
     # words: "one two three four" vs "one too three four five": 1 sub + 1 ins over 4
     assert m["wer"] == pytest.approx(0.5) and (m["wer_errors"], m["ref_words"]) == (2, 4)
+    # nothing of the reference is lost (one substitution, one insertion), and every item counts its words
+    assert (m["wer_deletions"], m["hyp_words"]) == (0, 5)
     # chars: 18 reference chars; "two"->"too" 1 sub, " five" 5 ins
     assert m["cer"] == pytest.approx(6 / 18)
     # cp: A<->X "one two"/"one too" 1 error, B<->Y "three four"/"three four five" 1 error, over 4 words
@@ -373,3 +375,12 @@ def test_totals_pool_as_jiwer_meeteval_and_pyannote_do(tmp_path):
     for m in ("wer", "cpwer", "der_c0", "jer_c0"):
         mean = sum(items[f"{k}.wav"][m] for k in hyps) / 2
         assert o[f"{m}_mean"] == pytest.approx(mean) and o[f"{m}_mean"] != pytest.approx(o[m]), m
+
+
+def test_text_errors_count_the_reference_words_lost():
+    from diarist.scoring import text_errors
+
+    out = text_errors("one two three four", "One... four!")
+    # jiwer aligns "one four" to "one two three four": two deletions, nothing substituted or inserted
+    assert (out["wer_deletions"], out["wer_errors"], out["ref_words"]) == (2, 2, 4)
+    assert text_errors("你好世界", "你好")["wer_deletions"] is None  # characters, no word alignment
