@@ -95,14 +95,14 @@ def engine_only(engine: Any, workload: dict) -> dict:
 
 def serve_engine(args: Any) -> None:
     """``--serve-engine``: the engine server of the production-shaped topology, in its own process: the same
-    pieces ``diarist engine`` runs (an :class:`engine.Engine`, ``api.engine_server.create_engine_app``,
+    pieces ``diarist engine`` runs (an :class:`engine.Engine`, ``engine_server.server.create_engine_app``,
     uvicorn on loopback) with dummy weights. Before serving it runs the engine-only workload on the same
     engine and writes it to ``--engine-only-out``; ``GET /bench/sequences`` returns the engine's record of
     every sequence the service submitted."""
     import uvicorn
 
-    from api.engine_server import create_engine_app
     from engine import Engine
+    from engine_server.server import create_engine_app
 
     engine = Engine(engine_config(args.device, args.tiny, args.max_running))
     workload = json.loads(args.workload)

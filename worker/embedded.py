@@ -13,9 +13,9 @@ import threading
 import time
 
 from diarist.services import Services
+from engine_server.client import EngineClient
 from worker import routing
 from worker.celery_app import CeleryDispatcher, app, configure
-from worker.engine_client import EngineClient
 from worker.runtime import Runtime, set_runtime
 from worker.sweeper import Sweeper
 

@@ -7,7 +7,7 @@ threads is free, and its threads are sized to its own engine's rows (``threads_t
 the engines with spare rows without a router or a load picture. This module only handles the engine being
 gone: the rest of the list are the host's other engines, tried in turn when the worker's own does not answer.
 
-What counts as "does not answer" is the client's outage (:class:`worker.engine_client.JobFailure` with
+What counts as "does not answer" is the client's outage (:class:`engine_server.client.JobFailure` with
 ``outage``: connection refused, 502/503/504), raised before the engine ran anything of the job, so sending
 the same attempt to the next engine is safe and spends nothing (its client decodes the audio again:
 :class:`HttpEngineClient` decodes before it connects; the hold below keeps that to the first jobs after an
@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from engine_server.client import EngineClient, EventFn, HttpEngineClient, JobFailure
 from worker.cancel import CancelToken
-from worker.engine_client import EngineClient, EventFn, HttpEngineClient, JobFailure
 
 log = logging.getLogger("diarist.worker")
 
@@ -36,7 +36,7 @@ refuses in microseconds, but one behind a network or a proxy can take a connect 
 
 
 class EnginePool:
-    """Several engine clients behind the :class:`worker.engine_client.EngineClient` interface.
+    """Several engine clients behind the :class:`engine_server.client.EngineClient` interface.
 
     ``clients[0]`` is the worker's own engine and gets every job while it answers. When it does not (an
     outage), the job goes to the first of the others that answers, those with the fewest requests in

@@ -28,9 +28,9 @@ from diarist.models import Job, utcnow
 from diarist.outages import Dependency, classify
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
+from engine_server.client import JobFailure
 from worker import routing
 from worker.cancel import CancelToken, CancelWatch
-from worker.engine_client import JobFailure
 from worker.leases import Lease
 from worker.runtime import Runtime
 

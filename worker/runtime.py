@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from diarist.services import Services
+from engine_server.client import EngineClient
 from worker.celery_app import CeleryDispatcher
-from worker.engine_client import EngineClient
 from worker.leases import LeaseKeeper
 
 

@@ -1,6 +1,6 @@
 """``diarist engine [--host 127.0.0.1] [--port 8100] [--device cuda:0]``: the engine server, one per GPU.
 
-Loads the model once and serves workers over loopback (see :mod:`api.engine_server`).
+Loads the model once and serves workers over loopback (see :mod:`engine_server.server`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from api.engine_server import create_engine_app
     from diarist.logs import configure_logging
     from diarist.settings import Settings
     from engine import Engine
+    from engine_server.server import create_engine_app
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)

@@ -73,9 +73,9 @@ class EmbeddedStack:
         from api.app import create_app
         from diarist.services import Services
         from engine import Engine
+        from engine_server.client import InProcessEngineClient
         from transcription.transcriber import Transcriber
         from worker.embedded import EmbeddedWorker
-        from worker.engine_client import InProcessEngineClient
 
         st = self.settings
         Path(st.data_dir).mkdir(parents=True, exist_ok=True)

@@ -9,15 +9,15 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
+from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import data_file
-from worker.engine_client import HttpEngineClient, JobFailure
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def engine_client(stack):
-    from api.engine_server import create_engine_app
+    from engine_server.server import create_engine_app
 
     # The stack keeps the session engine's loop running for the whole module.
     with TestClient(create_engine_app(stack.engine, engine_id="test-engine")) as c:
@@ -78,7 +78,7 @@ def test_http_client_refuses_bad_audio_before_calling_the_engine(tmp_path):
 
 
 def _pcm_post(engine_client, audio, fmt_header: str, body: bytes, options: dict | None = None) -> list[dict]:
-    from diarist.engine_wire import OPTIONS_HEADER, PCM_HEADER
+    from engine_server.protocol import OPTIONS_HEADER, PCM_HEADER
 
     headers = {PCM_HEADER: fmt_header, OPTIONS_HEADER: json.dumps(options or {})}
     with engine_client.stream("POST", "/internal/transcribe", content=body, headers=headers) as r:
@@ -107,7 +107,7 @@ def test_decoded_audio_gives_the_same_transcript_as_the_file(engine_client):
 
 
 def test_decoded_audio_that_does_not_match_its_header_is_refused(engine_client):
-    from diarist.engine_wire import PcmFormat
+    from engine_server.protocol import PcmFormat
 
     fmt = PcmFormat(channels=1, frames=16_000, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
     short = _pcm_post(engine_client, None, fmt.to_header(), b"\0" * (fmt.nbytes - 4))
@@ -125,7 +125,7 @@ def test_decoded_audio_that_does_not_match_its_header_is_refused(engine_client):
 
 def test_worker_process_never_imports_torch():
     """Workers are thin: importing the tasks (what `diarist worker` does) must not load torch/CUDA."""
-    code = "import sys, worker.tasks, worker.engine_client, cli.commands.worker; print('torch' in sys.modules)"
+    code = "import sys, worker.tasks, engine_server.client, cli.commands.worker; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -151,7 +151,7 @@ def test_nonfinite_samples_are_counted_by_the_engine_not_taken_from_the_header(e
     replaced and reported."""
     import numpy as np
 
-    from diarist.engine_wire import PcmFormat
+    from engine_server.protocol import PcmFormat
 
     n = 16_000
     fmt = PcmFormat(channels=1, frames=n, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
@@ -167,7 +167,7 @@ def test_nonfinite_samples_are_counted_by_the_engine_not_taken_from_the_header(e
 
 
 def test_bad_options_and_oversized_headers_are_refused_before_any_work(engine_client):
-    from diarist.engine_wire import PcmFormat
+    from engine_server.protocol import PcmFormat
 
     fmt = PcmFormat(channels=1, frames=1600, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
     for bad in ({"num_speakers": "x"}, {"num_speakers": 0}, {"min_speakers": 5, "max_speakers": 2}):

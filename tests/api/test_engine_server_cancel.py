@@ -20,9 +20,9 @@ import httpx
 import numpy as np
 import pytest
 
+from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import data_file
 from worker.cancel import CancelToken
-from worker.engine_client import HttpEngineClient, JobFailure
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def engine_server(whisper_engine):
     """``(engine, url)``: the engine's loop thread and uvicorn on 127.0.0.1, both for this module only."""
     import uvicorn
 
-    from api.engine_server import create_engine_app
+    from engine_server.server import create_engine_app
 
     whisper_engine.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

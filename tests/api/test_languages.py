@@ -44,8 +44,8 @@ def test_translate_needs_a_multilingual_model(client, app_with):
 def test_task_reaches_the_engine_over_the_wire():
     """The worker sends OPTION_FIELDS in the options header; the engine server builds TranscribeOptions from
     the same list, so task arrives (and a field outside it does not)."""
-    from api.engine_server import _options
-    from diarist.engine_wire import OPTION_FIELDS
+    from engine_server.protocol import OPTION_FIELDS
+    from engine_server.server import _options
     from transcription.transcriber import TranscribeOptions
 
     assert "task" in OPTION_FIELDS and "language" in OPTION_FIELDS

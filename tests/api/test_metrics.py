@@ -236,7 +236,7 @@ def test_counters_never_go_down_when_a_job_is_deleted(stack, client, wait_job):
 def test_engine_server_metrics(whisper_engine):
     from fastapi.testclient import TestClient
 
-    from api.engine_server import create_engine_app
+    from engine_server.server import create_engine_app
 
     with TestClient(create_engine_app(whisper_engine, engine_id="gpu0")) as c:
         r = c.get("/metrics")

@@ -2,7 +2,7 @@
 MOSS-TD model, for tests that need several engine servers on a 2-core CPU machine (tests/faults/test_scale_out.py).
 
 The same pieces ``diarist engine`` runs (``Settings().engine_config`` from the ``DIARIST_*`` environment: batch
-rows and the long class's admission limit; ``api.engine_server.create_engine_app``; uvicorn on loopback), with
+rows and the long class's admission limit; ``engine_server.server.create_engine_app``; uvicorn on loopback), with
 random tiny weights instead of a checkpoint and every transcript ``N`` tokens long (the transcriber's
 benchmark-only ``fixed_output_tokens``, honoured only with dummy weights), so each job costs the same.
 """
@@ -15,10 +15,10 @@ import argparse
 def main() -> None:
     import uvicorn
 
-    from api.engine_server import create_engine_app
     from diarist.settings import Settings
     from engine import Engine
     from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+    from engine_server.server import create_engine_app
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--port", type=int, required=True)

@@ -52,9 +52,9 @@ def test_the_moss_transcriber_uses_the_official_frontend():
 
 
 def test_workers_decode_as_the_engines_family(monkeypatch, tmp_path):
-    """A worker decodes uploads for its engine server (worker/engine_client.py) with that family's frontend."""
+    """A worker decodes uploads for its engine server (engine_server/client.py) with that family's frontend."""
+    from engine_server.client import JobFailure
     from transcription.audio import AudioError, decode
-    from worker.engine_client import JobFailure
     from worker.engine_pool import engine_client
 
     assert Frontend.for_family("whisper") is Frontend.FFMPEG and Frontend.for_family("moss-td") is Frontend.LIBROSA

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_server.client import HttpEngineClient, InProcessEngineClient
 from worker import routing
-from worker.engine_client import HttpEngineClient, InProcessEngineClient
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -92,7 +92,7 @@ def serve(app) -> tuple[str, object, threading.Thread]:
 
 @pytest.fixture(scope="module")
 def moss_server(moss):
-    from api.engine_server import create_engine_app
+    from engine_server.server import create_engine_app
 
     # A short fixed output (the benchmark switch, dummy weights): what is under test is the admission class
     url, server, thread = serve(create_engine_app(moss[0], engine_id="adm", fixed_output_tokens=4))
@@ -138,7 +138,7 @@ def test_server_refuses_an_unknown_class(moss, moss_server, noise_wav):
 
     _engine, rec = moss
     rec.take()
-    from diarist.engine_wire import ADMISSION_CLASS_HEADER
+    from engine_server.protocol import ADMISSION_CLASS_HEADER
 
     r = httpx.post(f"{moss_server}/internal/transcribe", headers={ADMISSION_CLASS_HEADER: "urgent"},
                    content=noise_wav.read_bytes(), timeout=60)

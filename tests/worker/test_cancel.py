@@ -13,9 +13,9 @@ import pytest
 
 from diarist import jobs
 from diarist.models import Job
+from engine_server.client import JobFailure
 from tests.conftest import wav_bytes
 from worker.cancel import CancelToken
-from worker.engine_client import JobFailure
 from worker.process import process_job
 
 
@@ -91,7 +91,7 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     import json
 
     from diarist.logs import job_context
-    from worker.engine_client import HttpEngineClient
+    from engine_server.client import HttpEngineClient
 
     seen: dict = {}
 

@@ -12,9 +12,9 @@ import pytest
 
 from diarist.models import Job
 from diarist.outages import Dependency
+from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import wav_bytes
 from tests.worker.fakes import engine_result
-from worker.engine_client import HttpEngineClient, JobFailure
 from worker.engine_pool import EnginePool, engine_client
 
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from diarist.logs import make_handler
-from worker.engine_client import JobFailure
+from engine_server.client import JobFailure
 
 
 class Engine:

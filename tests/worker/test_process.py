@@ -8,8 +8,8 @@ import pytest
 
 from diarist import jobs
 from diarist.models import Job
+from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import wav_bytes
-from worker.engine_client import HttpEngineClient, JobFailure
 from worker.process import process_job
 
 

@@ -18,7 +18,6 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-from diarist.engine_wire import PcmFormat
 from diarist.pcm import (
     FLOAT_SAMPLE_FORMATS,
     InvalidSamples,
@@ -27,6 +26,7 @@ from diarist.pcm import (
     replace_nonfinite,
 )
 from engine.models.audio_input import SAMPLE_RATE
+from engine_server.protocol import PcmFormat
 
 
 class AudioError(ValueError):
@@ -81,7 +81,7 @@ class DecodedAudio:
         return self.samples.mean(axis=0) if self.samples.shape[0] > 1 else self.samples[0]
 
     def pcm_format(self) -> PcmFormat:
-        """The wire layout of :meth:`pcm_bytes` (``diarist.engine_wire``)."""
+        """The wire layout of :meth:`pcm_bytes` (``engine_server.protocol``)."""
         return PcmFormat(channels=self.samples.shape[0], frames=self.samples.shape[1], sample_rate=SAMPLE_RATE,
                          source_sample_rate=self.source_sample_rate, source_channels=self.source_channels,
                          codec=self.codec, container=self.container, nonfinite=self.nonfinite,

@@ -20,15 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from diarist.engine_wire import (
+from diarist.logs import current_job_id
+from diarist.outages import Dependency
+from engine_server.protocol import (
     ADMISSION_CLASS_HEADER,
     JOB_ID_HEADER,
     OPTION_FIELDS,
     OPTIONS_HEADER,
     PCM_HEADER,
 )
-from diarist.logs import current_job_id
-from diarist.outages import Dependency
 from worker.cancel import CancelToken
 
 EventFn = Callable[[str, dict], None]
@@ -92,7 +92,7 @@ class InProcessEngineClient:
 class HttpEngineClient:
     """Streams ``POST /internal/transcribe`` of a ``diarist engine`` server (newline-delimited JSON events).
 
-    The audio is decoded here (PyAV, 16 kHz float32) and sent as samples (:class:`diarist.engine_wire.PcmFormat`):
+    The audio is decoded here (PyAV, 16 kHz float32) and sent as samples (:class:`engine_server.protocol.PcmFormat`):
     the engine process, whose loop thread drives the GPU, then spends no CPU on FFmpeg
     (``benchmarks/results/service_gpu_h200.md``). Undecodable audio fails here with the decoder's code, before
     any engine call; the result's ``metrics.worker_decode_s`` is the decode time (seconds).
@@ -101,7 +101,7 @@ class HttpEngineClient:
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
     Once ``cancel`` is set the stream's socket is shut down from the cancelling thread, even while this
     one is blocked reading a stream with nothing to say (prefill, windows that all end at once): the
-    server sees the disconnect and aborts the request's engine sequences (``api.engine_server``: closing
+    server sees the disconnect and aborts the request's engine sequences (``engine_server.server``: closing
     the stream is the cancel signal, so a dead worker and a canceled job take the same path).
     """
 

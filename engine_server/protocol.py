@@ -1,4 +1,4 @@
-"""Names on the wire between a worker (``worker.engine_client``) and the engine server (``api.engine_server``),
+"""Names on the wire between a worker (``engine_server.client``) and the engine server (``engine_server.server``),
 in one place both sides import."""
 
 from __future__ import annotations

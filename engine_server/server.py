@@ -2,7 +2,7 @@
 
 Routes:
 - ``POST /internal/transcribe`` with the audio as the body (the decoded samples when the
-  ``x-diarist-pcm`` header describes them, :class:`diarist.engine_wire.PcmFormat`, which is what workers
+  ``x-diarist-pcm`` header describes them, :class:`engine_server.protocol.PcmFormat`, which is what workers
   send; else the uploaded file, decoded here) and the options as JSON in the
   ``x-diarist-options`` header (``?options=<json>`` is still read when the header is absent; a header keeps
   the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs, and
@@ -11,7 +11,7 @@ Routes:
   unknown one is refused with 422 ``invalid_request``): newline-delimited JSON, one
   event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
   "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
-  (:class:`worker.engine_client.HttpEngineClient`).
+  (:class:`engine_server.client.HttpEngineClient`).
 - ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``).
 - ``GET /health``, ``GET /stats`` (engine gauges and counters).
@@ -40,7 +40,8 @@ from fastapi.responses import Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
-from diarist.engine_wire import (
+from diarist.logs import job_context
+from engine_server.protocol import (
     ADMISSION_CLASS_HEADER,
     JOB_ID_HEADER,
     OPTION_FIELDS,
@@ -48,7 +49,6 @@ from diarist.engine_wire import (
     PCM_HEADER,
     PcmFormat,
 )
-from diarist.logs import job_context
 
 log = logging.getLogger("diarist.engine_server")
 
@@ -229,7 +229,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         return Response(content, media_type=media_type, headers=headers)
 
     async def _read_pcm(request: Request, header: str) -> DecodedAudio:
-        """The decoded audio a worker sent (:class:`diarist.engine_wire.PcmFormat`), checked against its header."""
+        """The decoded audio a worker sent (:class:`engine_server.protocol.PcmFormat`), checked against its header."""
         try:
             fmt = PcmFormat.from_header(header)
         except (ValueError, TypeError) as e:
