@@ -11,18 +11,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from diarist.contract.errors import CodedError
+
 log = logging.getLogger("diarist.api")
 
 
-class ApiError(Exception):
-    """An error with an HTTP status and a stable machine code (e.g. 422 ``decode_failed``)."""
+class ApiError(CodedError):
+    """An error the API raises itself, with its HTTP ``status`` given per instance (e.g. 422
+    ``decode_failed``) and optional response ``headers`` (``Retry-After``)."""
 
     def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers
+        super().__init__(code, message)
+        self.status, self.headers = status, headers  # per instance, over the class default
 
 
 def error_body(code: str, message: str) -> dict:
+    """The JSON error shape: ``{"error": {"code", "message"}}``."""
     return {"error": {"code": code, "message": message}}
 
 
@@ -48,9 +52,10 @@ def describe_errors(errors: Sequence[Any]) -> str:
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every error into the JSON error shape."""
 
-    @app.exception_handler(ApiError)
-    async def _api_error(_req: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status, headers=exc.headers)
+    @app.exception_handler(CodedError)
+    async def _coded_error(_req: Request, exc: CodedError) -> JSONResponse:  # ApiError and every other one
+        return JSONResponse(error_body(exc.code, exc.message), status_code=exc.status,
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -71,7 +76,7 @@ class InternalErrors:
     Starlette's own ``exception_handler(Exception)`` re-raises after answering, so uvicorn printed the
     traceback a second time ("Exception in ASGI application"); here the exception stops. When the response
     had already started (a stream), nothing more can be sent: the traceback is logged and the response ends.
-    Expected failures (:class:`ApiError`, validation, HTTP errors) never get here and log no traceback.
+    Expected failures (:class:`~diarist.contract.errors.CodedError`, validation, HTTP errors) never get here and log no traceback.
     """
 
     def __init__(self, app: Any) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
+from diarist.contract.options import MAX_SPEAKERS, OPTION_FIELDS, TASKS, check_hints
+from diarist.contract.result import EngineMetrics
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
 
@@ -21,16 +24,16 @@ class JobOptions(BaseModel):
     model: str | None = Field(None, description="Model name; see DIARIST_SERVED_MODELS. Default: the server's.")
     language: str | None = Field(None, max_length=16, description="ISO 639-1 code of the speech, e.g. `en`; "
                                  "one the server's model does not transcribe gets 422 unsupported_language.")
-    task: Literal["transcribe", "translate"] | None = Field(
+    task: Literal[TASKS] | None = Field(  # type: ignore[valid-type] - the contract's one list
         None, description="`translate`: English text of speech in any language (multilingual Whisper only; "
         "otherwise 422 unsupported_task). Unset: `transcribe`, text in the speech's language.")
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
-    num_speakers: int | None = Field(None, ge=1, le=64, description="Speaker count, if known: the transcript "
+    num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Speaker count, if known: the transcript "
                                      "lists exactly this many speakers whenever there is enough speech to embed "
                                      "that many windows (1.5 s windows, 0.375 s apart). Whisper's speaker cascade "
                                      "only: moss-td labels speakers itself and ignores the speaker hints.")
-    min_speakers: int | None = Field(None, ge=1, le=64, description="Fewest speakers (same condition).")
-    max_speakers: int | None = Field(None, ge=1, le=64, description="Most speakers.")
+    min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Fewest speakers (same condition).")
+    max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Most speakers.")
     multichannel: bool = Field(False, description="One speaker per channel.")
     webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
 
@@ -46,16 +49,12 @@ class JobOptions(BaseModel):
 
     @model_validator(mode="after")
     def _speakers(self) -> JobOptions:
-        if self.min_speakers and self.max_speakers and self.min_speakers > self.max_speakers:
-            raise ValueError("min_speakers must not exceed max_speakers")
-        if self.num_speakers and ((self.min_speakers and self.num_speakers < self.min_speakers)
-                                  or (self.max_speakers and self.num_speakers > self.max_speakers)):
-            raise ValueError("num_speakers must lie between min_speakers and max_speakers")
+        check_hints(self.num_speakers, self.min_speakers, self.max_speakers)  # ValueError: a 422
         return self
 
     def engine_options(self) -> dict[str, Any]:
-        return self.model_dump(include={"language", "task", "prompt", "num_speakers", "min_speakers",
-                                        "max_speakers", "multichannel"}, exclude_none=True)
+        """The options the engine gets (:data:`diarist.contract.options.OPTION_FIELDS`) that are set."""
+        return self.model_dump(include=set(OPTION_FIELDS), exclude_none=True)
 
 
 class JobFromUrl(JobOptions):
@@ -74,18 +73,15 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
-class Metrics(BaseModel):
-    queue_wait_s: float | None = None
-    encoder_s: float | None = None
-    prefill_s: float | None = None
-    decode_s: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    processing_s: float | None = None
-    rtf: float | None = Field(None, description="processing seconds / audio seconds")
-    finish_reason: str | None = None
-    coverage: float | None = None
-    engine_id: str | None = None
+Metrics = create_model(
+    "Metrics",
+    __doc__="A completed job's engine metrics (seconds, tokens), its finish reason, coverage and engine.",
+    # the engine's metric fields, typed and described once (diarist.contract.result.EngineMetrics)
+    **{f.name: (f.type, Field(None, description=f.metadata["doc"])) for f in fields(EngineMetrics)},
+    finish_reason=(str | None, Field(None, description="why decoding ended; anything but stop may be cut short")),
+    coverage=(float | None, Field(None, description="transcribed speech / detected speech, in [0, 1]")),
+    engine_id=(str | None, Field(None, description="the engine server (or in-process engine) that ran it")),
+)
 
 
 class WebhookState(BaseModel):

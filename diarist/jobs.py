@@ -21,14 +21,13 @@ from typing import Any
 from sqlalchemy import and_, func, or_, update
 from sqlalchemy.orm import Session
 
+from diarist.contract.result import METRIC_FIELDS
 from diarist.models import FINAL_STATES, Job, JobMetrics, JobStatus, WebhookOutbox, new_id, utcnow
 from diarist.services import Services
 
 log = logging.getLogger("diarist.jobs")
 
 ACTIVE = (JobStatus.QUEUED.value, JobStatus.PROCESSING.value)
-METRIC_FIELDS = ("queue_wait_s", "encoder_s", "prefill_s", "decode_s", "prompt_tokens", "output_tokens",
-                 "processing_s", "rtf")
 
 
 def _transition(svc: Services, job_id: str, allowed: tuple[str, ...], **values: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The rule for decoded samples that are not numbers: NaN or ±inf in a float PCM stream.
+"""Decoded samples between processes (:class:`PcmFormat`, their layout) and the rule for samples that are
+not numbers: NaN or ±inf in a float PCM stream.
 
 Float WAV/FLAC/CAF files can carry NaN and ±inf values (a broken mixer, a bad export). Read as they are,
 they poison the resampler, the VAD and the log-mel (a NaN turns a whole 30 s window into "no speech").
@@ -17,7 +18,12 @@ Torch-free: the API imports it.
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
+
 import numpy as np
+
+from diarist.contract.errors import CodedError
 
 MAX_NONFINITE_FRACTION = 0.01
 """Largest share of non-finite sample values replaced by 0; above it the input is refused."""
@@ -28,14 +34,13 @@ FLOAT_SAMPLE_FORMATS = frozenset({"flt", "fltp", "dbl", "dblp"})
 """FFmpeg sample formats that can hold NaN/inf (float and double, packed or planar); integer PCM cannot."""
 
 
-class InvalidSamples(ValueError):
+class InvalidSamples(CodedError, ValueError):
     """Too many NaN/inf sample values to transcribe (``code`` ``invalid_samples``, HTTP 422)."""
 
-    code = WARNING_CODE
+    status = 422
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+        super().__init__(WARNING_CODE, message)
 
 
 def replace_nonfinite(values: np.ndarray) -> int:
@@ -63,3 +68,58 @@ def nonfinite_warning(count: int, total: int) -> dict:
     """The result warning for ``count`` replaced values: ``{code, message, count}``."""
     return {"code": WARNING_CODE, "count": count,
             "message": f"{count} of the {total} sample values were NaN or infinite and were replaced by 0"}
+
+
+@dataclass(frozen=True)
+class PcmFormat:
+    """The layout of a decoded-audio body: float32 little endian, channel-major (``[channels, frames]`` in
+    C order, so ``channels * frames * 4`` bytes), at ``sample_rate`` Hz, plus what the decoder learned of the
+    source. The worker decodes the upload it already holds (PyAV) and sends this (``engine_server.protocol``'s
+    ``PCM_HEADER``), so the engine process spends no CPU on FFmpeg beside the thread that drives the GPU.
+
+    Attributes:
+        channels, frames: the body's shape; sample_rate: Hz (the engine refuses any but its models' rate).
+        source_sample_rate (Hz), source_channels, codec, container: of the uploaded file (FFmpeg names).
+        nonfinite, source_values: NaN/inf sample values the decoder replaced by 0, of the values it read
+            (``diarist.pcm``; the engine reports them in the result's warnings).
+    """
+
+    channels: int
+    frames: int
+    sample_rate: int
+    source_sample_rate: int
+    source_channels: int
+    codec: str = ""
+    container: str = ""
+    nonfinite: int = 0
+    source_values: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the body in bytes."""
+        return self.channels * self.frames * 4
+
+    def to_header(self) -> str:
+        """ASCII JSON of every field."""
+        return json.dumps(asdict(self), ensure_ascii=True)
+
+    @classmethod
+    def from_header(cls, value: str) -> PcmFormat:
+        """Parse :meth:`to_header`'s output.
+
+        Raises:
+            ValueError: not JSON, a missing or unknown field, a wrong type, or a non-positive count.
+        """
+        raw = json.loads(value)
+        if not isinstance(raw, dict):
+            raise ValueError("the PCM header must be a JSON object")  # noqa: TRY004 - one error type: a 400
+        fmt = cls(**raw)
+        ints = (fmt.channels, fmt.frames, fmt.sample_rate, fmt.source_sample_rate, fmt.source_channels)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or min(ints) < 1:
+            raise ValueError(f"the PCM header's counts must be positive integers: {raw}")
+        if not isinstance(fmt.codec, str) or not isinstance(fmt.container, str):
+            raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
+        counts = (fmt.nonfinite, fmt.source_values)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
+            raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")
+        return fmt

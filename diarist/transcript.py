@@ -28,8 +28,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from diarist.completeness import assess
+from diarist.contract.options import TASKS
+from diarist.contract.result import FINISH_REASONS
 
-FinishReason = Literal["stop", "length", "repetition", "abort", "error"]
+FinishReason = Literal[FINISH_REASONS]  # type: ignore[valid-type] - the contract's one list
 
 # Labels that already mean "speaker N" (cluster ids, MOSS-TD tags); any other string
 # (e.g. a channel label) is remembered in ``speaker_names`` when relabelled.
@@ -123,7 +125,7 @@ class Transcript(BaseModel):
     language: str | None = None
     language_source: Literal["requested", "detected", "assumed"] | None = None
     language_probability: float | None = Field(None, ge=0, le=1)
-    task: Literal["transcribe", "translate"] = "transcribe"
+    task: Literal[TASKS] = "transcribe"  # type: ignore[valid-type]
     model: str
     speakers: list[str] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)

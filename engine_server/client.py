@@ -1,10 +1,10 @@
 """How a worker reaches the engine: in-process (embedded mode) or the engine server over loopback HTTP.
 
 Both clients take a local audio path and job options, call ``on_event(kind, payload)`` with the engine's
-streaming events (``started``, ``delta`` {text}, ``segment`` {start, end, text}, ``finished``) and return the
-engine result dict (see ``transcription.transcriber.Transcriber.transcribe``). Failures become :class:`JobFailure`
-with a machine code; ``retryable`` says whether another attempt could succeed. A ``cancel`` token
-(:class:`worker.cancel.CancelToken`) stops the engine work as soon as it is set: the call then raises
+streaming events (:mod:`diarist.contract.events`: ``queued``, ``started``, ``delta``, ``segment``, ``finished``)
+and return the engine result dict (:mod:`diarist.contract.result`). Failures become :class:`JobFailure` with a
+machine code; ``retryable`` says whether another attempt could succeed. A ``cancel`` signal
+(:class:`CancelSignal`, e.g. ``worker.cancel.CancelToken``) stops the engine work as soon as it is set: the call then raises
 :class:`JobFailure` ``canceled`` (not retryable). ``admission_class`` (``short``, ``long`` or
 ``default``; :func:`worker.routing.admission_class`) is set on every engine sequence of the job, so the
 engine admits the job against its class's own limit.
@@ -12,7 +12,6 @@ engine admits the job against its class's own limit.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -20,21 +19,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from diarist.contract.errors import CodedError, ProtocolError
+from diarist.contract.events import ErrorLine, ResultLine, from_line, payload
+from diarist.contract.options import TranscribeOptions
 from diarist.logs import current_job_id
 from diarist.outages import Dependency
-from engine_server.protocol import (
-    ADMISSION_CLASS_HEADER,
-    JOB_ID_HEADER,
-    OPTION_FIELDS,
-    OPTIONS_HEADER,
-    PCM_HEADER,
-)
-from worker.cancel import CancelToken
+from engine_server.protocol import request_headers
 
 EventFn = Callable[[str, dict], None]
+"""``on_event(kind, payload)``: a :mod:`diarist.contract.events` event's type and fields."""
 
 
-class JobFailure(Exception):
+class CancelSignal(Protocol):
+    """What a client needs of a cancel token (``worker.cancel.CancelToken`` is one)."""
+
+    def is_set(self) -> bool:
+        """True once the job was canceled."""
+
+    def add_callback(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` (from the cancelling thread) once set; returns a function that unregisters it."""
+
+
+class JobFailure(CodedError):
     """A transcription that failed with a machine ``code`` (``decode_failed``, ``too_long``, ``engine_error``…).
 
     ``retryable``: another attempt could succeed (it spends one of the job's attempts). ``outage``: the
@@ -43,15 +49,23 @@ class JobFailure(Exception):
     """
 
     def __init__(self, code: str, message: str, retryable: bool = False, outage: Dependency | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.message, self.retryable, self.outage = code, message, retryable or outage is not None, outage
+        super().__init__(code, message)
+        self.retryable, self.outage = retryable or outage is not None, outage
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    @classmethod
+    def of(cls, error: CodedError) -> JobFailure:
+        """``error`` as a job failure, with its code, message and ``retryable``."""
+        return error if isinstance(error, cls) else cls(error.code, error.message, retryable=error.retryable)
 
 
 class EngineClient(Protocol):
     engine_id: str
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
         """Raises JobFailure (``canceled`` once ``cancel`` is set)."""
 
     def ready(self) -> bool: ...
@@ -65,22 +79,15 @@ class InProcessEngineClient:
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
-        from engine.request import RequestRejected
-        from transcription.audio import AudioError
-        from transcription.transcriber import EngineError, TranscribeOptions
-
-        opts = TranscribeOptions(**{k: options[k] for k in OPTION_FIELDS if options.get(k) is not None},
-                                 admission_class=admission_class)
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
         try:
+            opts = TranscribeOptions.from_json(options, admission_class=admission_class)
             # The transcriber polls the token between stages and the engine while it decodes: aborting
             # frees the KV now instead of finishing work nobody will read.
             result = self.transcriber.transcribe(str(audio), opts, on_event=on_event,
                                                  should_cancel=cancel.is_set if cancel is not None else None)
-        except (AudioError, RequestRejected) as e:
-            raise JobFailure(e.code, e.message) from e
-        except EngineError as e:
-            raise JobFailure("engine_error", str(e), retryable=True) from e
+        except CodedError as e:  # bad input, a refusal (not retryable) or an engine failure (retryable)
+            raise JobFailure.of(e) from e
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine work aborted")
         return result
@@ -112,26 +119,25 @@ class HttpEngineClient:
         self.family = family  # the engine's model family: the audio is decoded as its official loader does
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
         import httpx
 
         from transcription.audio.decode import AudioError, Frontend, decode_audio
 
-        params = {k: options[k] for k in OPTION_FIELDS if options.get(k) is not None}
+        try:
+            opts = TranscribeOptions.from_json(options, admission_class=admission_class)
+        except CodedError as e:
+            raise JobFailure.of(e) from e
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine request closed")
         t0 = time.perf_counter()
         try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
-            decoded = decode_audio(audio, mono=not options.get("multichannel"),
+            decoded = decode_audio(audio, mono=not opts.multichannel,
                                    frontend=Frontend.for_family(self.family))
         except AudioError as e:
             raise JobFailure(e.code, e.message) from e
         decode_s = time.perf_counter() - t0
-        pcm = decoded.pcm_format()
-        headers = {"content-type": "application/octet-stream", PCM_HEADER: pcm.to_header(),
-                   OPTIONS_HEADER: json.dumps(params, ensure_ascii=True), ADMISSION_CLASS_HEADER: admission_class}
-        if (job_id := current_job_id()) is not None:
-            headers[JOB_ID_HEADER] = job_id
+        headers = request_headers(opts, decoded.pcm_format(), current_job_id())
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
         canceled = JobFailure("canceled", "the job was canceled; engine request closed")
         if cancel is not None and cancel.is_set():
@@ -139,8 +145,7 @@ class HttpEngineClient:
         unregister = lambda: None
         try:
             with httpx.Client(timeout=timeout) as client, client.stream(
-                    "POST", f"{self.url}/internal/transcribe", content=decoded.pcm_chunks(),
-                    headers={**headers, "content-length": str(pcm.nbytes)}) as r:
+                    "POST", f"{self.url}/internal/transcribe", content=decoded.pcm_chunks(), headers=headers) as r:
                 if cancel is not None:
                     unregister = cancel.add_callback(lambda: _shutdown(r))
                 if r.status_code >= 400:
@@ -151,16 +156,17 @@ class HttpEngineClient:
                         raise canceled  # leaving the block closes the connection: the server's cue to abort
                     if not line.strip():
                         continue
-                    msg = json.loads(line)
-                    kind = msg.pop("type")
-                    if kind == "result":
-                        result = msg["result"]
-                        result.setdefault("metrics", {})["worker_decode_s"] = decode_s
+                    msg = from_line(line)  # ProtocolError: a line that breaks the contract
+                    if isinstance(msg, ResultLine):
+                        result = dict(msg.result)
+                        result["metrics"] = {**result["metrics"], "worker_decode_s": decode_s}
                         return result
-                    if kind == "error":
-                        raise JobFailure(msg["code"], msg["message"], retryable=msg["code"] == "engine_error")
+                    if isinstance(msg, ErrorLine):
+                        raise JobFailure(msg.code, msg.message, retryable=msg.code == "engine_error")
                     if on_event is not None:
-                        on_event(kind, msg)
+                        on_event(msg.type, payload(msg))
+        except ProtocolError as e:
+            raise JobFailure.of(e) from e
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             # Nothing reached the engine: it is down or restarting; the job waits, no attempt spent.
             raise JobFailure("engine_unavailable", f"engine server unreachable: {e}",
@@ -196,7 +202,9 @@ def _shutdown(response: Any) -> None:
             pass
 
 
-def _http_failure(r) -> JobFailure:
+def _http_failure(r: Any) -> JobFailure:
+    """The failure an error status of the engine server means: an outage (502/503/504), else its coded error
+    (``{"error": {"code", "message"}}``; retryable when 5xx)."""
     if r.status_code in (502, 503, 504):  # a proxy or the server says it is not serving: an outage
         return JobFailure("engine_unavailable", f"engine server answered {r.status_code}", outage=Dependency.ENGINE)
     try:

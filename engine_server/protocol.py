@@ -1,74 +1,95 @@
-"""Names on the wire between a worker (``engine_server.client``) and the engine server (``engine_server.server``),
-in one place both sides import."""
+"""The wire between a worker (:mod:`engine_server.client`) and the engine server (:mod:`engine_server.server`),
+in the one module both sides import.
+
+``POST /internal/transcribe``: the body is the decoded audio (:class:`diarist.pcm.PcmFormat`, described by
+:data:`PCM_HEADER`; without that header, a media file the server decodes), the job options travel as JSON in
+:data:`OPTIONS_HEADER` (:class:`diarist.contract.options.TranscribeOptions`; ``?options=<json>`` is still
+read when the header is absent), and the answer is newline-delimited JSON, one
+:mod:`diarist.contract.events` line each, ending with ``result`` or ``error``. :func:`request_headers` writes
+the request's headers and :func:`read_request` reads them back, checked; torch-free (the worker imports it).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
+from diarist.contract.errors import InvalidRequest
+from diarist.contract.options import TranscribeOptions
+from diarist.pcm import PcmFormat
+
+PROTOCOL_VERSION = 1
+"""Version of this wire; sent in :data:`PROTOCOL_HEADER`. A server refuses a request of another version
+(a request without the header is taken as this version: both ends ship together)."""
+PROTOCOL_HEADER = "x-diarist-protocol"
+"""Request header carrying :data:`PROTOCOL_VERSION`."""
 OPTIONS_HEADER = "x-diarist-options"
 """Request header carrying the job options as ASCII JSON; in the URL they (the prompt) would reach access logs."""
 JOB_ID_HEADER = "x-diarist-job-id"
 """Request header naming the job, so the engine server's log lines about the request carry its id."""
-OPTION_FIELDS = ("language", "task", "prompt", "num_speakers", "min_speakers", "max_speakers", "multichannel")
-"""Job options a worker passes to the engine (``OPTIONS_HEADER``); the rest of a job's options stay in the service."""
 ADMISSION_CLASS_HEADER = "x-diarist-admission-class"
 """Request header naming the job's duration class (``short``, ``long``; absent: ``default``), which the engine
 server sets on every engine sequence of the request (``Sequence.admission_class``) for per-class admission."""
 PCM_HEADER = "x-diarist-pcm"
 """Request header present when the body is decoded audio, not a media file: :meth:`PcmFormat.to_header`."""
+MEDIA_TYPE = "application/x-ndjson"
+"""Media type of the answer: one JSON object per line (:func:`diarist.contract.events.to_line`)."""
 
 
 @dataclass(frozen=True)
-class PcmFormat:
-    """The layout of a decoded-audio body: float32 little endian, channel-major (``[channels, frames]`` in
-    C order, so ``channels * frames * 4`` bytes), at ``sample_rate`` Hz, plus what the decoder learned of the
-    source. The worker decodes the upload it already holds (PyAV) and sends this, so the engine process
-    spends no CPU on FFmpeg beside the thread that drives the GPU.
+class TranscribeRequest:
+    """What the headers of one ``POST /internal/transcribe`` say: the options (their ``admission_class``
+    set from its header), the layout of a decoded body (``None``: the body is a media file) and the job's id
+    for the logs (``None`` when not sent)."""
 
-    Attributes:
-        channels, frames: the body's shape; sample_rate: Hz (the engine refuses any but its models' rate).
-        source_sample_rate (Hz), source_channels, codec, container: of the uploaded file (FFmpeg names).
-        nonfinite, source_values: NaN/inf sample values the decoder replaced by 0, of the values it read
-            (``diarist.pcm``; the engine reports them in the result's warnings).
+    options: TranscribeOptions
+    pcm: PcmFormat | None
+    job_id: str | None
+
+
+def request_headers(options: TranscribeOptions, pcm: PcmFormat, job_id: str | None = None) -> dict[str, str]:
+    """The headers of a request whose body is the decoded audio ``pcm`` describes (``content-length``
+    included: the body's exact size)."""
+    headers = {"content-type": "application/octet-stream", "content-length": str(pcm.nbytes),
+               PROTOCOL_HEADER: str(PROTOCOL_VERSION), PCM_HEADER: pcm.to_header(),
+               OPTIONS_HEADER: json.dumps(options.to_json(), ensure_ascii=True),
+               ADMISSION_CLASS_HEADER: options.admission_class}
+    if job_id is not None:
+        headers[JOB_ID_HEADER] = job_id
+    return headers
+
+
+def read_request(headers: Mapping[str, str], admission_classes: Collection[str], query_options: str = "{}"
+                 ) -> TranscribeRequest:
+    """The request that ``headers`` (case-insensitive, as the server gets them) describe, checked before any
+    work so that a bad request is a 422 now rather than an error after its whole transcription.
+
+    ``admission_classes``: the classes the engine knows (``engine.request.ADMISSION_CLASSES``, passed in
+    so that this module stays torch-free). ``query_options``: the ``?options=`` JSON, read when
+    :data:`OPTIONS_HEADER` is absent.
+
+    Raises:
+        InvalidRequest: another protocol version, an unknown admission class, options that are not JSON or
+            break :meth:`TranscribeOptions.from_json`, or a PCM header :meth:`PcmFormat.from_header` refuses.
     """
-
-    channels: int
-    frames: int
-    sample_rate: int
-    source_sample_rate: int
-    source_channels: int
-    codec: str = ""
-    container: str = ""
-    nonfinite: int = 0
-    source_values: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the body in bytes."""
-        return self.channels * self.frames * 4
-
-    def to_header(self) -> str:
-        """ASCII JSON of every field."""
-        return json.dumps(asdict(self), ensure_ascii=True)
-
-    @classmethod
-    def from_header(cls, value: str) -> PcmFormat:
-        """Parse :meth:`to_header`'s output.
-
-        Raises:
-            ValueError: not JSON, a missing or unknown field, a wrong type, or a non-positive count.
-        """
-        raw = json.loads(value)
-        if not isinstance(raw, dict):
-            raise ValueError("the PCM header must be a JSON object")  # noqa: TRY004 - one error type: a 400
-        fmt = cls(**raw)
-        ints = (fmt.channels, fmt.frames, fmt.sample_rate, fmt.source_sample_rate, fmt.source_channels)
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or min(ints) < 1:
-            raise ValueError(f"the PCM header's counts must be positive integers: {raw}")
-        if not isinstance(fmt.codec, str) or not isinstance(fmt.container, str):
-            raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
-        counts = (fmt.nonfinite, fmt.source_values)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
-            raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")
-        return fmt
+    version = headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
+    if version != str(PROTOCOL_VERSION):
+        raise InvalidRequest(f"{PROTOCOL_HEADER} {version!r}: this engine server speaks version {PROTOCOL_VERSION}",
+                             code="unsupported_protocol")
+    admission_class = headers.get(ADMISSION_CLASS_HEADER, "default")
+    if admission_class not in admission_classes:
+        raise InvalidRequest(f"admission_class must be one of {', '.join(admission_classes)}, "
+                             f"not {admission_class!r}")
+    try:
+        raw = json.loads(headers.get(OPTIONS_HEADER) or query_options)
+    except ValueError as e:
+        raise InvalidRequest(f"options: {e}") from None
+    options = TranscribeOptions.from_json(raw, admission_class=admission_class)
+    pcm = None
+    if (value := headers.get(PCM_HEADER)) is not None:
+        try:
+            pcm = PcmFormat.from_header(value)
+        except (ValueError, TypeError) as e:
+            raise InvalidRequest(f"{PCM_HEADER}: {e}") from None
+    return TranscribeRequest(options, pcm, headers.get(JOB_ID_HEADER))

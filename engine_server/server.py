@@ -1,16 +1,12 @@
 """The engine server (``diarist engine``): one per GPU, on loopback, the only process that loads a model.
 
 Routes:
-- ``POST /internal/transcribe`` with the audio as the body (the decoded samples when the
-  ``x-diarist-pcm`` header describes them, :class:`engine_server.protocol.PcmFormat`, which is what workers
-  send; else the uploaded file, decoded here) and the options as JSON in the
-  ``x-diarist-options`` header (``?options=<json>`` is still read when the header is absent; a header keeps
-  the prompt out of access logs), ``x-diarist-job-id`` naming the job for the logs, and
-  ``x-diarist-admission-class`` (``short``, ``long``; absent: ``default``): the job's duration class, set on
-  every engine sequence of the request so that the engine admits it against its class's own limit (an
-  unknown one is refused with 422 ``invalid_request``): newline-delimited JSON, one
-  event per line (``{"type": "started"|"delta"|"segment"|"finished", ...}``), then ``{"type": "result",
-  "result": {...}}`` or ``{"type": "error", "code", "message"}``. Workers consume it
+- ``POST /internal/transcribe`` (:mod:`engine_server.protocol`): the audio as the body (the decoded samples
+  when the ``x-diarist-pcm`` header describes them, which is what workers send; else the uploaded file,
+  decoded here), the options, the job's id and its admission class in headers (the class is set on every
+  engine sequence of the request so that the engine admits it against its class's own limit; an unknown one
+  is refused with 422 ``invalid_request``); the answer is newline-delimited JSON, one
+  :mod:`diarist.contract.events` line per event, then a ``result`` or an ``error`` line. Workers consume it
   (:class:`engine_server.client.HttpEngineClient`).
 - ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``).
@@ -40,15 +36,12 @@ from fastapi.responses import Response, StreamingResponse
 from api import errors
 from api.errors import ApiError
 from api.metrics import engine_metrics_router
+from diarist.contract.errors import CodedError
+from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
+from diarist.contract.options import TranscribeOptions
 from diarist.logs import job_context
-from engine_server.protocol import (
-    ADMISSION_CLASS_HEADER,
-    JOB_ID_HEADER,
-    OPTION_FIELDS,
-    OPTIONS_HEADER,
-    PCM_HEADER,
-    PcmFormat,
-)
+from diarist.pcm import PcmFormat
+from engine_server.protocol import MEDIA_TYPE, read_request
 
 log = logging.getLogger("diarist.engine_server")
 
@@ -85,53 +78,30 @@ async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
     cancel.set()
 
 
-def _options(transcriber_cls_opts: Any, raw: dict) -> Any:
-    """The request's options, checked before any work (speaker hints: integers in range and consistent), so a
-    bad request is a 422 now rather than an error after its whole transcription.
-
-    Raises:
-        ValueError, TypeError: an option of the wrong type or value.
-    """
-    from transcription.diarization.cluster import check_hints
-
-    if not isinstance(raw, dict):
-        raise TypeError("options must be a JSON object")
-    hints = {k: raw.get(k) for k in ("num_speakers", "min_speakers", "max_speakers")}
-    for k, v in hints.items():
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise TypeError(f"{k} must be an integer, not {v!r}")
-    check_hints(**hints)
-    return transcriber_cls_opts(**{k: v for k, v in raw.items() if k in OPTION_FIELDS and v is not None})
-
-
 def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None) -> FastAPI:
     """An app serving ``engine`` (an ``engine.Engine`` whose loop is running).
 
     ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
     ``ValueError`` unless the engine runs dummy MOSS-TD weights).
     """
-    from engine.request import ADMISSION_CLASSES, RequestRejected
-    from transcription.audio import AudioError, DecodedAudio
-    from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
+    from engine.request import ADMISSION_CLASSES
+    from transcription.audio import DecodedAudio
+    from transcription.transcriber import Transcriber
 
     tr = Transcriber(engine, fixed_output_tokens=fixed_output_tokens)
     app = FastAPI(title="Diarist engine", version="1")
     errors.install(app)
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
-    def run(source: Path | DecodedAudio, opts: Any, on_event: Any, cancel: threading.Event,
+    def run(source: Path | DecodedAudio, opts: TranscribeOptions, on_event: Any, cancel: threading.Event,
             job_id: str | None = None) -> dict:
-        try:
-            with job_context(job_id):
-                return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
-                                     on_event=on_event, should_cancel=cancel.is_set)
-        except (AudioError, RequestRejected) as e:
-            raise ApiError(422, e.code, e.message) from None
-        except EngineError as e:
-            raise ApiError(500, "engine_error", str(e)) from None
+        """The transcription's result; raises what :meth:`Transcriber.transcribe` raises (coded errors)."""
+        with job_context(job_id):
+            return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
+                                 on_event=on_event, should_cancel=cancel.is_set)
 
-    async def stream(source: Path | DecodedAudio, opts: Any, cancel: threading.Event, job_id: str | None = None
-                     ) -> AsyncIterator[dict]:
+    async def stream(source: Path | DecodedAudio, opts: TranscribeOptions, cancel: threading.Event,
+                     job_id: str | None = None) -> AsyncIterator[Line]:
         """Run the transcription on its own thread; yield its events as they come, then the result or error.
 
         The events cross to the event loop through an asyncio queue, so a waiting request holds no
@@ -146,14 +116,15 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
         def work() -> None:
             try:
-                result = run(source, opts, lambda k, p: put({"type": k, **p}), cancel, job_id)
-                put({"type": "result", "result": {**result, "engine_id": engine_id}})
-            except ApiError as e:
-                put({"type": "error", "code": e.code, "message": e.message})
+                # each event is checked as it is made (make): a pipeline bug is caught here, not in a worker
+                result = run(source, opts, lambda k, p: put(make(k, p)), cancel, job_id)
+                put(ResultLine({**result, "engine_id": engine_id}))
+            except CodedError as e:
+                put(ErrorLine.of(e))
             except Exception as e:  # the stream must end with a line the worker understands
                 with job_context(job_id):
                     log.exception("engine request failed")  # unexpected: the one traceback of it
-                put({"type": "error", "code": "engine_error", "message": f"{type(e).__name__}: {e}"})
+                put(ErrorLine("engine_error", f"{type(e).__name__}: {e}"))
             finally:
                 put(_END)
                 if isinstance(source, Path):
@@ -168,23 +139,14 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
     @app.post("/internal/transcribe", summary="Streamed transcription for workers (NDJSON)")
     async def internal_transcribe(request: Request, options: Annotated[str, Query()] = "{}") -> StreamingResponse:
-        admission_class = request.headers.get(ADMISSION_CLASS_HEADER, "default")
-        if admission_class not in ADMISSION_CLASSES:
-            raise ApiError(422, "invalid_request",
-                           f"admission_class must be one of {', '.join(ADMISSION_CLASSES)}, not {admission_class!r}")
-        try:
-            opts = _options(TranscribeOptions, json.loads(request.headers.get(OPTIONS_HEADER) or options))
-        except (ValueError, TypeError) as e:
-            raise ApiError(422, "invalid_request", f"options: {e}") from None
-        opts.admission_class = admission_class
-        if (pcm := request.headers.get(PCM_HEADER)) is not None:
-            source: Path | DecodedAudio = await _read_pcm(request, pcm)
+        req = read_request(request.headers, ADMISSION_CLASSES, options)  # InvalidRequest: a 422 before any work
+        if req.pcm is not None:
+            source: Path | DecodedAudio = await _read_pcm(request, req.pcm)
         else:
             source = await _read_file(request)
         cancel = threading.Event()
-        job_id = request.headers.get(JOB_ID_HEADER)
-        lines = (json.dumps(ev, default=str) + "\n" async for ev in stream(source, opts, cancel, job_id))
-        return CancelOnClose(lines, cancel, media_type="application/x-ndjson")
+        lines = (to_line(line) async for line in stream(source, req.options, cancel, req.job_id))
+        return CancelOnClose(lines, cancel, media_type=MEDIA_TYPE)
 
     @app.post("/v1/audio/transcriptions", summary="OpenAI-compatible transcription")
     async def openai_transcriptions(
@@ -202,18 +164,19 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         async with await anyio.open_file(name, "wb") as out:
             while chunk := await file.read(CHUNK):
                 await out.write(chunk)
-        opts = _options(TranscribeOptions, {"language": language, "prompt": prompt})
+        opts = TranscribeOptions(language=language, prompt=prompt)
         cancel = threading.Event()
         if stream_:
             async def sse() -> AsyncIterator[str]:
-                async for ev in stream(Path(name), opts, cancel):
-                    if ev["type"] == "delta":
-                        yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': ev['text']})}\n\n"
-                    elif ev["type"] == "result":
-                        done = openai_done_event(Transcript.from_engine(ev["result"]))
+                async for line in stream(Path(name), opts, cancel):
+                    if line.type == "delta":
+                        yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': line.text})}\n\n"
+                    elif isinstance(line, ResultLine):
+                        done = openai_done_event(Transcript.from_engine(dict(line.result)))
                         yield f"data: {json.dumps(done, ensure_ascii=False)}\n\n"
-                    elif ev["type"] == "error":
-                        yield f"data: {json.dumps({'type': 'error', 'error': ev})}\n\n"
+                    elif isinstance(line, ErrorLine):
+                        error = {"type": line.type, "code": line.code, "message": line.message}
+                        yield f"data: {json.dumps({'type': 'error', 'error': error})}\n\n"
 
             return CancelOnClose(sse(), cancel, media_type="text/event-stream")
         # No response is being written while the engine works, so the disconnect is watched for here; the
@@ -228,12 +191,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         content, media_type, headers = render_openai(Transcript.from_engine(result), response_format)
         return Response(content, media_type=media_type, headers=headers)
 
-    async def _read_pcm(request: Request, header: str) -> DecodedAudio:
-        """The decoded audio a worker sent (:class:`engine_server.protocol.PcmFormat`), checked against its header."""
-        try:
-            fmt = PcmFormat.from_header(header)
-        except (ValueError, TypeError) as e:
-            raise ApiError(422, "invalid_request", f"{PCM_HEADER}: {e}") from None
+    async def _read_pcm(request: Request, fmt: PcmFormat) -> DecodedAudio:
+        """The decoded audio a worker sent, checked against its header (:class:`diarist.pcm.PcmFormat`)."""
         if fmt.nbytes > MAX_PCM_BYTES:
             raise ApiError(413, "too_large", f"PCM body of {fmt.nbytes} bytes; at most {MAX_PCM_BYTES}")
         seconds = fmt.frames / fmt.sample_rate
@@ -247,10 +206,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
                 raise ApiError(422, "invalid_pcm", f"PCM body longer than the header's {fmt.nbytes} bytes")
             body[n : n + len(chunk)] = chunk
             n += len(chunk)
-        try:
-            return DecodedAudio.from_pcm(fmt, memoryview(body)[:n] if n < len(body) else body)
-        except AudioError as e:
-            raise ApiError(422, e.code, e.message) from None
+        return DecodedAudio.from_pcm(fmt, memoryview(body)[:n] if n < len(body) else body)  # AudioError: a 422
 
     async def _read_file(request: Request) -> Path:
         """The uploaded media file, spooled to a temporary file (removed when its request ends)."""

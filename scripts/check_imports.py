@@ -21,8 +21,10 @@ is reported as ``unlayered``):
    ``engine`` (the inference core, imports nothing of ours); ``diarist`` (the shared core: settings,
    database, storage, transcript schema; of the engine only the torch-free ``engine.config`` and
    ``engine.checkpoints``);
-   ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``worker`` and ``api`` (the
-   service processes, siblings: neither imports the other); ``cli`` (the composition root,
+   ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``engine_server`` (the engine
+   server on ``transcription``, and its torch-free HTTP client; of ``api`` only the error shape and the
+   metrics exposition); ``worker`` and ``api`` (the service processes, siblings: neither imports the other;
+   ``worker`` reaches the engine through ``engine_server``'s client); ``cli`` (the composition root,
    on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
    ``tests`` are consumers nothing shipped imports.
 
@@ -48,14 +50,14 @@ LAYERS: dict[str, frozenset[str]] = {
     # the service's settings build an EngineConfig and name packaged checkpoints and their languages; both
     # modules are torch-free by contract (their docstrings)
     "diarist": frozenset({"engine.config", "engine.checkpoints"}),
-    "transcription": frozenset({"engine", "diarist", "engine_server.protocol"}),  # PcmFormat, until the contract refactor
+    "transcription": frozenset({"engine", "diarist"}),
     "worker": frozenset({"engine", "diarist", "transcription", "engine_server"}),
     # api and worker are siblings: neither imports the other (api reaches workers through the injected
     # diarist.services.Dispatcher)
     "api": frozenset({"engine", "diarist", "transcription"}),
-    # the engine server and its HTTP client (until the contract refactor: the server still uses api's
-    # error shape and metrics router, the client worker's cancel token)
-    "engine_server": frozenset({"engine", "diarist", "transcription", "api", "worker"}),
+    # the engine server (on the pipeline) and its HTTP client (on diarist.contract only, torch-free); the server
+    # answers in the API's error shape and serves the same Prometheus exposition (api.errors, api.metrics)
+    "engine_server": frozenset({"engine", "diarist", "transcription", "api.errors", "api.metrics"}),
     "cli": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server"}),
     "migrations": frozenset({"diarist"}),
     # consumers: nothing of the shipped packages imports them

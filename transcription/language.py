@@ -22,13 +22,12 @@ from typing import Literal
 
 import torch
 
+from diarist.contract.options import TASKS
 from engine.request import FinishReason, RequestRejected, Sequence
 from engine.tokenizer import TextTokenizer
 from transcription.whisper_decoding import WhisperTokens
 
 Task = Literal["transcribe", "translate"]
-TASKS: tuple[str, ...] = ("transcribe", "translate")
-"""The values of the ``task`` option (OpenAI whisper's names)."""
 
 LanguageSource = Literal["requested", "detected", "assumed"]
 

@@ -20,16 +20,17 @@ import numpy as np
 import torch
 
 from diarist.completeness import assess
+from diarist.contract.options import TranscribeOptions
 from engine.engine import Engine
 from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
 from engine.sampling import SamplingParams
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
 from transcription.cancel import Canceled
-from transcription.errors import EngineError
+from transcription.errors import EngineError, Rejected
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
-from transcription.options import TranscribeOptions, window_budget
+from transcription.options import window_budget
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.whisper_decoding import (
@@ -99,19 +100,29 @@ class Transcriber:
         aborted at once (their KV is freed), diarization is skipped or stopped where it is, and the result
         has finish_reason ``abort`` (no turns).
 
+        Every error raised is a :class:`diarist.contract.errors.CodedError`:
+
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
-            RequestRejected: the recording cannot fit the model's context, or is longer than the Whisper
-                cascade's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
+            Rejected: (also an :class:`engine.request.RequestRejected`) the recording cannot fit the model's
+                context, or is longer than the Whisper cascade's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
                 transcribe (``unsupported_language``); a task it cannot do (``unsupported_task``: translate
                 on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
         """
-        opts = options or TranscribeOptions()
+        try:
+            return self._transcribe(source, options or TranscribeOptions(), on_event, should_cancel)
+        except Rejected:
+            raise
+        except RequestRejected as e:  # the engine's own refusal: a coded error of the contract from here on
+            raise Rejected.of(e) from e
+
+    def _transcribe(self, source: Any, opts: TranscribeOptions, on_event: EventFn | None,
+                    should_cancel: Callable[[], bool] | None) -> dict:
         if self.family == "whisper":
             self.languages.check(opts.language, opts.task, self.engine.loaded.info.get("name"))
         elif opts.task != "transcribe":
-            raise RequestRejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
+            raise Rejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
                                   f"task={opts.task!r} was asked for")
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
@@ -121,7 +132,7 @@ class Transcriber:
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if self.family == "whisper" and audio.duration > self.max_duration_s:  # the cascade's memory bound
-            raise RequestRejected("too_long", f"the audio lasts {audio.duration:.0f} s; the Whisper cascade takes "
+            raise Rejected("too_long", f"the audio lasts {audio.duration:.0f} s; the Whisper cascade takes "
                                               f"at most {self.max_duration_s:g} s ({self.max_duration_s / 3600:g} h)")
         if on_event:
             on_event("queued", {"duration": audio.duration})

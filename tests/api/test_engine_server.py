@@ -107,7 +107,7 @@ def test_decoded_audio_gives_the_same_transcript_as_the_file(engine_client):
 
 
 def test_decoded_audio_that_does_not_match_its_header_is_refused(engine_client):
-    from engine_server.protocol import PcmFormat
+    from diarist.pcm import PcmFormat
 
     fmt = PcmFormat(channels=1, frames=16_000, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
     short = _pcm_post(engine_client, None, fmt.to_header(), b"\0" * (fmt.nbytes - 4))
@@ -151,7 +151,7 @@ def test_nonfinite_samples_are_counted_by_the_engine_not_taken_from_the_header(e
     replaced and reported."""
     import numpy as np
 
-    from engine_server.protocol import PcmFormat
+    from diarist.pcm import PcmFormat
 
     n = 16_000
     fmt = PcmFormat(channels=1, frames=n, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
@@ -167,7 +167,7 @@ def test_nonfinite_samples_are_counted_by_the_engine_not_taken_from_the_header(e
 
 
 def test_bad_options_and_oversized_headers_are_refused_before_any_work(engine_client):
-    from engine_server.protocol import PcmFormat
+    from diarist.pcm import PcmFormat
 
     fmt = PcmFormat(channels=1, frames=1600, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
     for bad in ({"num_speakers": "x"}, {"num_speakers": 0}, {"min_speakers": 5, "max_speakers": 2}):

@@ -42,16 +42,18 @@ def test_translate_needs_a_multilingual_model(client, app_with):
 
 
 def test_task_reaches_the_engine_over_the_wire():
-    """The worker sends OPTION_FIELDS in the options header; the engine server builds TranscribeOptions from
-    the same list, so task arrives (and a field outside it does not)."""
-    from engine_server.protocol import OPTION_FIELDS
-    from engine_server.server import _options
-    from transcription.transcriber import TranscribeOptions
+    """The worker sends OPTION_FIELDS in the options header; the engine server reads them back into
+    TranscribeOptions (engine_server.protocol), so task arrives (and a field outside it does not)."""
+    from diarist.contract.options import OPTION_FIELDS, TranscribeOptions
+    from diarist.pcm import PcmFormat
+    from engine_server.protocol import read_request, request_headers
 
     assert "task" in OPTION_FIELDS and "language" in OPTION_FIELDS
-    opts = _options(TranscribeOptions, {"task": "translate", "language": "ja", "webhook_url": "http://x"})
-    assert (opts.task, opts.language) == ("translate", "ja")
-    assert _options(TranscribeOptions, {}).task == "transcribe"
+    fmt = PcmFormat(channels=1, frames=16, sample_rate=16_000, source_sample_rate=16_000, source_channels=1)
+    sent = TranscribeOptions.from_json({"task": "translate", "language": "ja", "webhook_url": "http://x"})
+    opts = read_request(request_headers(sent, fmt), ("default",)).options
+    assert (opts.task, opts.language) == ("translate", "ja") and not hasattr(opts, "webhook_url")
+    assert TranscribeOptions.from_json({}).task == "transcribe"
 
 
 def test_translations_route_is_in_the_schema(client):

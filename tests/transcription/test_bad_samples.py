@@ -98,7 +98,7 @@ def test_speech_with_nan_samples_is_transcribed_not_read_as_silence(whisper_engi
 
 def test_the_count_crosses_the_worker_to_engine_wire(clean, tmp_path):
     """Workers decode and send PCM: the replaced values travel in the PCM header to the engine's result."""
-    from engine_server.protocol import PcmFormat
+    from diarist.pcm import PcmFormat
     from transcription.audio import DecodedAudio
 
     audio = decode_audio(float_wav(tmp_path / "bad.wav", with_bad(clean, BAD)))

@@ -18,19 +18,20 @@ from typing import BinaryIO
 import av
 import numpy as np
 
+from diarist.contract.errors import CodedError
 from diarist.pcm import (
     FLOAT_SAMPLE_FORMATS,
     InvalidSamples,
+    PcmFormat,
     check_nonfinite,
     nonfinite_warning,
     replace_nonfinite,
 )
 from engine.models.audio_input import SAMPLE_RATE
-from engine_server.protocol import PcmFormat
 
 
-class AudioError(ValueError):
-    """Bad audio input. ``code`` is a stable machine code for API errors.
+class AudioError(CodedError, ValueError):
+    """Bad audio input (HTTP 422). ``code`` is a stable machine code for API errors.
 
     Codes: ``decode_failed`` (not a media file, or corrupt), ``no_audio_stream`` (a container with no audio,
     e.g. a video without sound), ``empty_audio`` (zero samples after decoding), ``invalid_pcm`` (a decoded
@@ -38,10 +39,7 @@ class AudioError(ValueError):
     values, :mod:`diarist.pcm`).
     """
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+    status = 422
 
 
 @dataclass
@@ -81,7 +79,7 @@ class DecodedAudio:
         return self.samples.mean(axis=0) if self.samples.shape[0] > 1 else self.samples[0]
 
     def pcm_format(self) -> PcmFormat:
-        """The wire layout of :meth:`pcm_bytes` (``engine_server.protocol``)."""
+        """The wire layout of :meth:`pcm_bytes` (``diarist.pcm``; sent by ``engine_server.protocol``)."""
         return PcmFormat(channels=self.samples.shape[0], frames=self.samples.shape[1], sample_rate=SAMPLE_RATE,
                          source_sample_rate=self.source_sample_rate, source_channels=self.source_channels,
                          codec=self.codec, container=self.container, nonfinite=self.nonfinite,

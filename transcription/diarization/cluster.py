@@ -18,6 +18,8 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import pdist
 
+from diarist.contract.options import check_hints
+
 
 def _relabel(labels: np.ndarray) -> np.ndarray:
     """Renumber labels 0..k-1 in order of first appearance."""
@@ -43,24 +45,6 @@ def _fold_small(emb: np.ndarray, labels: np.ndarray, mass_of: Callable[[np.ndarr
         sim = cent @ cent[small]
         sim[small] = -np.inf
         labels[labels == ids[small]] = ids[int(np.argmax(sim))]
-
-
-MAX_SPEAKERS = 64
-"""Largest speaker-count hint taken (the API's limit too)."""
-
-
-def check_hints(num_speakers: int | None, min_speakers: int | None, max_speakers: int | None) -> None:
-    """Raise ``ValueError`` for speaker-count hints outside ``1..MAX_SPEAKERS``, ``min_speakers >
-    max_speakers``, or a ``num_speakers`` outside the given ``min_speakers`` / ``max_speakers``."""
-    for name, v in (("num_speakers", num_speakers), ("min_speakers", min_speakers), ("max_speakers", max_speakers)):
-        if v is not None and not 1 <= v <= MAX_SPEAKERS:
-            raise ValueError(f"{name} must be between 1 and {MAX_SPEAKERS}, got {v}")
-    if min_speakers is not None and max_speakers is not None and min_speakers > max_speakers:
-        raise ValueError(f"min_speakers ({min_speakers}) > max_speakers ({max_speakers})")
-    if num_speakers is not None and ((min_speakers is not None and num_speakers < min_speakers)
-                                     or (max_speakers is not None and num_speakers > max_speakers)):
-        raise ValueError(f"num_speakers ({num_speakers}) contradicts min_speakers ({min_speakers}) / "
-                         f"max_speakers ({max_speakers})")
 
 
 def assign_to_centroids(emb: np.ndarray, centroids: np.ndarray, groups: list[int]) -> np.ndarray:
