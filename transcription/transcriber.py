@@ -10,7 +10,6 @@ labels come from the model).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,10 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from diarist.completeness import assess
 from diarist.contract.options import TranscribeOptions
 from engine.engine import Engine
-from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
 from engine.sampling import SamplingParams
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
@@ -33,13 +30,13 @@ from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.options import window_budget
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
+from transcription.result import finish_result, merge_channels, sequence_metrics, whisper_result
 from transcription.whisper_decoding import (
-    TIME_PRECISION,
     WhisperTimestampRules,
     WhisperTokens,
-    split_segments,
     whisper_prompt,
 )
+from transcription.whisper_segments import WindowSegments
 from transcription.window_decoder import WindowDecoder, WindowResult
 from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
 from transcription.windows import Window, pack_windows
@@ -64,6 +61,7 @@ class Transcriber:
         # the speaker cascade's networks (segmentation-3.0, CAM++) run where the engine does
         self.cascade_device = str(engine.device) if engine.device.type == "cuda" else "cpu"
         self.family = engine.loaded.info.get("family", "whisper")
+        self.model_name: str | None = engine.loaded.info.get("name")
         if fixed_output_tokens is not None and (engine.config.load_format != "dummy" or self.family == "whisper"
                                                 or fixed_output_tokens < 1):
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
@@ -78,6 +76,7 @@ class Transcriber:
             self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
                                                conf.get("suppress_ids_begin", [220, self.tokens.eot]))
             self.alignment_heads = conf.get("alignment_heads", [])
+            self.segments = WindowSegments(engine.model, engine.tokenizer, self.tokens, self.alignment_heads)
             self.languages = WhisperLanguages(engine.tokenizer, self.tokens, conf.get("lang_ids", []))
 
     # -- public ---------------------------------------------------------------------------------------
@@ -120,10 +119,9 @@ class Transcriber:
     def _transcribe(self, source: Any, opts: TranscribeOptions, on_event: EventFn | None,
                     should_cancel: Callable[[], bool] | None) -> dict:
         if self.family == "whisper":
-            self.languages.check(opts.language, opts.task, self.engine.loaded.info.get("name"))
+            self.languages.check(opts.language, opts.task, self.model_name)
         elif opts.task != "transcribe":
-            raise Rejected("unsupported_task", f"{self.engine.loaded.info.get('name')} only transcribes; "
-                                  f"task={opts.task!r} was asked for")
+            raise Rejected("unsupported_task", f"{self.model_name} only transcribes; task={opts.task!r} was asked for")
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
@@ -149,7 +147,7 @@ class Transcriber:
                 result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                          fixed_output_tokens=self.fixed_output_tokens)
                 speech, vad_s = vad.result()
-            result["model"] = self.engine.loaded.info.get("name")
+            result["model"] = self.model_name
             result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
             result["family"] = "moss-td"
             if result["finish_reason"] != FinishReason.ABORT.value:
@@ -159,15 +157,8 @@ class Transcriber:
             result = self._multichannel(audio.samples, opts, should_cancel)
         else:
             result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
-        processing = time.perf_counter() - t0
-        result["metrics"]["processing_s"] = processing
-        result["metrics"]["audio_decode_s"] = audio_decode_s
-        result["metrics"]["rtf"] = processing / audio.duration if audio.duration > 0 else None
-        result.setdefault("duration", audio.duration)
-        if self.engine.random_weights:  # said in every result, not only at startup: the text is noise
-            result["random_weights"] = True
-        result["warnings"] = audio.warnings + result.get("warnings", [])
-        result.update(assess(result).fields())
+        finish_result(result, audio.duration, time.perf_counter() - t0, audio_decode_s, audio.warnings,
+                      self.engine.random_weights)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
         return result
@@ -198,10 +189,10 @@ class Transcriber:
         if not windows or canceled:  # canceled while decoding or VAD ran: no window reaches the engine
             metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
                            prompt_tokens=0, output_tokens=0)
-            finish = FinishReason.ABORT if canceled else FinishReason.STOP
+            finish_reason = FinishReason.ABORT if canceled else FinishReason.STOP
             choice = self.languages.choose(opts.language, opts.task, lambda: None)
-            result = self._result(duration, [], finish.value, metrics, no_speech=not canceled, language=choice,
-                                  speech=speech)
+            result = whisper_result(self.model_name, duration, [], finish_reason.value, metrics,
+                                    no_speech=not canceled, language=choice, speech=speech)
             result["windows"] = []
             if diarize and not canceled:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
@@ -228,9 +219,9 @@ class Transcriber:
             for seg in segments:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
-        metrics.update(self._seq_metrics(seqs))
-        result = self._result(duration, segments, finish, metrics, no_speech=not segments, language=choice,
-                              speech=speech)
+        metrics.update(sequence_metrics(seqs))
+        result = whisper_result(self.model_name, duration, segments, finish, metrics, no_speech=not segments,
+                                language=choice, speech=speech)
         result["windows"] = [r.as_dict() for r in results]
         # windows the model judged non-speech leave the coverage denominator (diarist.completeness)
         result["non_speech"] = [[w["start"], w["end"]] for w in result["windows"] if w["status"] == "no_speech"]
@@ -282,74 +273,14 @@ class Transcriber:
                             inbox=inbox)
 
         def finalize(r: WindowResult) -> list[dict]:
-            segs = self._window_segments(r.window, r.seq, r.output_ids, duration, want_words, by_char)
+            segs = self.segments.of_window(r.window, r.seq, r.output_ids, duration, want_words, by_char)
             if r.flag is not None:
                 for seg in segs:
                     seg["flags"] = [r.flag]
             return segs
 
         return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence, self._cut_at_word)
-
-    def _cut_at_word(self, seq: Sequence, ids: list[int], w: Window, limit_s: float
-                     ) -> tuple[list[int], float] | None:
-        """``ids`` up to the last aligned word that ends by ``limit_s`` (seconds into ``w``), closed by a
-        timestamp token at that word's end, and that end; ``None`` without the attempt's encoder output."""
-        enc = seq.mm_state.get("encoder")
-        if enc is None or not self.alignment_heads:
-            return None
-        from transcription.whisper_align import align_words
-
-        words = align_words(self.engine.model, self.engine.tokenizer, enc, seq.prompt_ids, ids,
-                            self.alignment_heads, min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH))))
-        kept = [x for x in words if x["end"] <= limit_s]
-        if not kept:
-            return None
-        n_text, end = sum(len(x["tokens"]) for x in kept), kept[-1]["end"]
-        out, seen = [], 0
-        for tok in ids:
-            if seen == n_text:
-                break
-            out.append(tok)
-            seen += tok < self.tokens.eot
-        while out and out[-1] >= self.tokens.timestamp_begin:  # a segment closed just before: close it anew
-            out.pop()
-        step = min(round(end / TIME_PRECISION), round(30.0 / TIME_PRECISION))
-        return [*out, self.tokens.timestamp_begin + step], step * TIME_PRECISION
-
-    def _window_segments(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
-                         want_words: bool, split_characters: bool = False) -> list[dict]:
-        """Segments (absolute seconds, clamped to ``[0, duration]``) of the tokens ``output_ids`` decoded
-        from window ``w``, with aligned words when ``want_words`` and the attempt kept its encoder output
-        (which is dropped here)."""
-        tok = self.engine.tokenizer
-        out = []
-        words_all: list[dict] = []
-        enc = seq.mm_state.pop("encoder", None)
-        if want_words and enc is not None and output_ids:
-            try:
-                from transcription.whisper_align import align_words
-            except ImportError:
-                align_words = None
-            if align_words is not None:
-                # mel frames of real audio (100 per second)
-                n_frames = min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH)))
-                words_all = align_words(self.engine.model, tok, enc, seq.prompt_ids, output_ids,
-                                        self.alignment_heads, n_frames, split_characters=split_characters)
-        for index, raw in enumerate(split_segments(self.tokens, output_ids, w.duration)):
-            text = tok.decode(raw.token_ids).strip()
-            if not text:
-                continue
-            s = min(max(w.start + raw.start, 0.0), duration)
-            e = min(max(w.start + raw.end, s), duration)
-            seg: dict[str, Any] = {"start": s, "end": e, "text": text}
-            if words_all:
-                words = [{"word": x["word"], "start": min(w.start + x["start"], duration),
-                          "end": min(w.start + x["end"], duration)}
-                         for x in words_all if x["segment"] == index]
-                seg["words"] = words
-            out.append(seg)
-        return out
+                             speech, on_event, vad_confidence, self.segments.cut_at_word)
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
                  opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None
@@ -371,56 +302,5 @@ class Transcriber:
 
     def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
                       should_cancel: Callable[[], bool] | None) -> dict:
-        results = []
-        for ch in range(samples.shape[0]):
-            results.append(self._whisper(samples[ch], opts, None, False, should_cancel))
-        segments = []
-        for ch, r in enumerate(results):
-            for seg in r["segments"]:
-                segments.append({**seg, "speaker": f"CH{ch + 1}", "channel": ch})
-        segments.sort(key=lambda s: (s["start"], s["end"]))
-        metrics = {k: sum(r["metrics"].get(k, 0) or 0 for r in results)
-                   for k in ("vad_s", "encoder_s", "prefill_s", "decode_s", "prompt_tokens", "output_tokens")}
-        metrics.update(queue_wait_s=max(r["metrics"]["queue_wait_s"] for r in results), diarization_s=0.0,
-                       channels=samples.shape[0])
-        finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
-        # channels are decoded (and detected) apart; the first that found a language speaks for the file
-        found = next((r for r in results if r["language"] is not None), results[0])
-        choice = LanguageChoice(found["language"], found["language_source"], found["language_probability"],
-                                found["task"])
-        speech = [tuple(sp) for r in results for sp in r["speech"]]  # coverage over every channel's speech
-        out = self._result(samples.shape[1] / SAMPLE_RATE, segments, finish, metrics, no_speech=not segments,
-                           language=choice, speech=speech)
-        out["windows"] = [{**w, "channel": ch} for ch, r in enumerate(results) for w in r.get("windows", [])]
-        reasons = [f"channel {ch + 1}: {r['incomplete_reason']}" for ch, r in enumerate(results)
-                   if r.get("incomplete_reason")]
-        if reasons:
-            out["incomplete"], out["incomplete_reason"] = True, "; ".join(reasons)
-        return out
-
-    # -- result ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _seq_metrics(seqs: list[Sequence]) -> dict:
-        first_admit = min((s.timings.admitted or s.timings.arrival) for s in seqs)
-        return {
-            "queue_wait_s": max(0.0, first_admit - min(s.timings.arrival for s in seqs)),
-            "encoder_s": max(s.timings.encoder_s for s in seqs),
-            "prefill_s": max(s.timings.prefill_s for s in seqs),
-            "decode_s": max(s.timings.decode_s for s in seqs),
-            "prompt_tokens": sum(s.prompt_len for s in seqs),
-            "output_tokens": sum(len(s.output_ids) for s in seqs),
-        }
-
-    def _result(self, duration: float, segments: list[dict], finish: str, metrics: dict, no_speech: bool,
-                language: LanguageChoice, speech: list[tuple[float, float]]) -> dict:
-        return {
-            "duration": duration,
-            **language.result_fields(),
-            "model": self.engine.loaded.info.get("name"),
-            "segments": segments,
-            "finish_reason": finish,
-            "speech": [[s, e] for s, e in speech],
-            "coverage": None,  # set with incomplete by diarist.completeness.assess at the end
-            "no_speech": no_speech,
-            "metrics": metrics,
-        }
+        results = [self._whisper(samples[ch], opts, None, False, should_cancel) for ch in range(samples.shape[0])]
+        return merge_channels(self.model_name, results, samples.shape[1], SAMPLE_RATE)
