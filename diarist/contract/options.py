@@ -61,8 +61,9 @@ class TranscribeOptions:
     admission_class: str = "default"
 
     def to_json(self) -> dict[str, Any]:
-        """The job options that are set (not ``None``), as a JSON object: what a worker sends."""
-        return {k: getattr(self, k) for k in OPTION_FIELDS if getattr(self, k) is not None}
+        """The job options that differ from their defaults, as a JSON object: what a worker sends
+        (:meth:`from_json` of it gives these options back, less the fields that are not job options)."""
+        return {k: v for k in OPTION_FIELDS if (v := getattr(self, k)) != _DEFAULTS[k]}
 
     @classmethod
     def from_json(cls, raw: Any, **local: Any) -> TranscribeOptions:
@@ -93,6 +94,7 @@ class TranscribeOptions:
 OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TranscribeOptions) if f.metadata.get("job"))
 """Job options a worker passes to the engine (in :class:`TranscribeOptions` order); the rest of a job's
 options (``model``, ``webhook_url``) stay in the service."""
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TranscribeOptions) if f.metadata.get("job")}
 _TYPES: dict[str, type] = {f.name: f.metadata["job"] for f in fields(TranscribeOptions) if f.metadata.get("job")}
 _TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false"}
 

@@ -92,6 +92,7 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
 
     from diarist.logs import job_context
     from engine_server.client import HttpEngineClient
+    from tests.worker.fakes import engine_result
 
     seen: dict = {}
 
@@ -99,7 +100,8 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
         def do_POST(self) -> None:
             seen["path"], seen["headers"] = self.path, {k.lower(): v for k, v in self.headers.items()}
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            body = json.dumps({"type": "result", "result": {"segments": []}}).encode() + b"\n"
+            # a well-formed result (diarist.contract.result.check_result), with no segments
+            body = json.dumps({"type": "result", "result": {**engine_result(), "segments": []}}).encode() + b"\n"
             self.send_response(200)
             self.send_header("content-type", "application/x-ndjson")
             self.send_header("content-length", str(len(body)))
