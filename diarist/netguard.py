@@ -20,21 +20,21 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit
 
+from diarist.contract.errors import CodedError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
-class UnsafeURL(ValueError):
-    """The URL is malformed or resolves to a non-public address that is not allow-listed.
+class UnsafeURL(CodedError, ValueError):
+    """The URL is malformed or resolves to a non-public address that is not allow-listed (HTTP 422).
 
     ``code`` is ``invalid_url`` or ``url_not_allowed``.
     """
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
+    status = 422
 
 
 def embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from diarist.completeness import assess
+from diarist.contract.result import EngineMetrics
 from engine.request import Sequence
 from transcription.language import LanguageChoice
 
@@ -20,14 +21,14 @@ def sequence_metrics(seqs: list[Sequence]) -> dict[str, Any]:
     tokens): the queue wait from the first arrival to the first admission, the longest sequence's stage
     times (they ran concurrently), the tokens summed. ``seqs`` must not be empty."""
     first_admit = min((s.timings.admitted or s.timings.arrival) for s in seqs)
-    return {
-        "queue_wait_s": max(0.0, first_admit - min(s.timings.arrival for s in seqs)),
-        "encoder_s": max(s.timings.encoder_s for s in seqs),
-        "prefill_s": max(s.timings.prefill_s for s in seqs),
-        "decode_s": max(s.timings.decode_s for s in seqs),
-        "prompt_tokens": sum(s.prompt_len for s in seqs),
-        "output_tokens": sum(len(s.output_ids) for s in seqs),
-    }
+    return EngineMetrics(
+        queue_wait_s=max(0.0, first_admit - min(s.timings.arrival for s in seqs)),
+        encoder_s=max(s.timings.encoder_s for s in seqs),
+        prefill_s=max(s.timings.prefill_s for s in seqs),
+        decode_s=max(s.timings.decode_s for s in seqs),
+        prompt_tokens=sum(s.prompt_len for s in seqs),
+        output_tokens=sum(len(s.output_ids) for s in seqs),
+    ).to_json()
 
 
 def whisper_result(model: str | None, duration: float, segments: list[dict], finish: str, metrics: dict,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.commands import plain
+from diarist.contract.errors import CodedError
 
 FINAL = ("completed", "failed", "canceled")
 
@@ -37,12 +38,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-class SubmitRejected(RuntimeError):
-    """``POST /v1/jobs`` answered an error: ``code`` and ``message`` from its ``{"error": ...}`` body."""
+class SubmitRejected(CodedError):
+    """``POST /v1/jobs`` answered an error: its ``status``, and ``code`` and ``message`` from its
+    ``{"error": ...}`` body."""
 
     def __init__(self, status: int, code: str, message: str):
-        super().__init__(f"POST /v1/jobs answered {status}: {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+        super().__init__(code, message)
+        self.status = status
+
+    def __str__(self) -> str:
+        return f"POST /v1/jobs answered {self.status}: {self.code}: {self.message}"
 
 
 def submit_and_wait(base_url: str, path: Path, timeout_s: float, headers: dict | None = None,

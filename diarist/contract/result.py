@@ -14,7 +14,7 @@ is the check at the engine server's stream, so a malformed result is a clear err
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from diarist.contract.errors import ProtocolError
@@ -45,6 +45,10 @@ class EngineMetrics:
     output_tokens: int | None = _m("output tokens over all engine sequences")
     processing_s: float | None = _m("seconds from the request to its result, audio decode included")
     rtf: float | None = _m("processing seconds / audio seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        """The metrics that are set, as a JSON object (a result's ``metrics`` adds the pipeline's own)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 METRIC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EngineMetrics))
