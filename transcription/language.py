@@ -27,7 +27,7 @@ from engine.request import FinishReason, RequestRejected, Sequence
 from engine.tokenizer import TextTokenizer
 from transcription.whisper_decoding import WhisperTokens
 
-Task = Literal["transcribe", "translate"]
+Task = Literal[TASKS]  # type: ignore[valid-type] - the contract's one list
 
 LanguageSource = Literal["requested", "detected", "assumed"]
 
