@@ -16,8 +16,8 @@ import torch
 from engine.attention import GraphCapableBackend, make_backend
 from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
-from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
 from engine.loaders import LoadedModel, load_model
+from engine.memory_plan import plan_memory
 from engine.ops.linear import LinearKernels, set_linear_kernels
 from engine.request import FinishReason, Sequence
 from engine.resolve import describe, resolve_config
@@ -29,8 +29,6 @@ log = logging.getLogger("diarist.engine")
 
 CANCEL_POLL_S = 0.05
 """Seconds between two looks at a waiter's ``should_cancel``: the longest a cancel waits to abort its work."""
-
-GiB = 1 << 30
 
 
 def default_cpu_threads() -> int:
@@ -71,7 +69,9 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
-        self._build_cache()
+        plan = plan_memory(self.model, cfg, self.max_context, self.dtype, self.device)
+        self.kv, self.allocator, self.table, self.cross = plan.kv, plan.allocator, plan.table, plan.cross
+        self.max_reqs, self.kv_bytes_per_token = plan.max_reqs, plan.kv_bytes_per_token
         self._install_logits_rules()
         self.attn = make_backend(cfg.attention_backend, cfg, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
@@ -145,38 +145,6 @@ class Engine:
         """Record that ``what`` could not be set up and runs eagerly instead (log line + stats)."""
         self.fallbacks.append(f"{what}: {type(error).__name__}: {error}")
         log.error("%s could not be set up, running eagerly instead: %s: %s", what, type(error).__name__, error)
-
-    # -- memory plan ---------------------------------------------------------------------------------
-    def _budget(self) -> int:
-        cfg = self.config
-        if cfg.kv_budget_bytes is not None:
-            return int(cfg.kv_budget_bytes)
-        if self.device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(self.device)
-            return int(free * cfg.kv_memory_fraction)
-        return 1 * GiB
-
-    def _build_cache(self) -> None:
-        budget = self._budget()
-        layers, kv_heads, head_dim = self.model.kv_layout()
-        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, self.dtype)
-        self.max_reqs = self.config.max_running_requests
-        self.cross = None
-        cross_layout = self.model.cross_layout()
-        if cross_layout is not None:
-            per_row = CrossKVPool.bytes_per_row(*cross_layout, self.dtype)
-            # Leave at least one full context per row for self-attention KV.
-            self.max_reqs = max(1, min(self.max_reqs, budget // (per_row + per_token * self.max_context)))
-            budget -= per_row * self.max_reqs
-            cl, src, heads, hd = cross_layout
-            self.cross = CrossKVPool(cl, self.max_reqs, src, heads, hd, self.dtype, self.device)
-        slots = min(budget // per_token, self.max_reqs * self.max_context)
-        if slots < 1:
-            raise ValueError(f"KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
-        self.kv_bytes_per_token = per_token
-        self.kv = KVPool(layers, int(slots), kv_heads, head_dim, self.dtype, self.device)
-        self.allocator = SlotAllocator(int(slots))
-        self.table = ReqToTokenTable(self.max_reqs, self.max_context, self.device)
 
     @property
     def random_weights(self) -> bool:
