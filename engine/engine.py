@@ -22,7 +22,7 @@ from engine.ops.linear import LinearKernels, set_linear_kernels
 from engine.request import FinishReason, Sequence
 from engine.resolve import describe, resolve_config
 from engine.runner import ModelRunner
-from engine.sampling import needs_host, sample_on_host
+from engine.sampling import attach_logprobs, sample_step
 from engine.scheduler import ScheduledBatch, Scheduler
 
 log = logging.getLogger("diarist.engine")
@@ -106,7 +106,6 @@ class Engine:
         self._stop = False
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque(maxlen=256)
-        self._logprobs: dict[Sequence, float] = {}  # one step's host-sampled log-probabilities
         self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -232,7 +231,8 @@ class Engine:
         t1 = time.perf_counter()
         fb, sample = self.runner.build(batch)
         logits = self.runner.forward(fb)
-        tokens = self._sample(batch, logits, sample)
+        sampled = sample_step(batch.items, logits, sample)
+        tokens = sampled.tokens
         t2 = time.perf_counter()
         n_prefill = batch.num_prefill_tokens
         for (seq, n), _ in zip(batch.items, tokens, strict=True):
@@ -241,7 +241,7 @@ class Engine:
             else:
                 seq.timings.prefill_s += t2 - t1
         done = self.scheduler.commit(batch, tokens)
-        self._keep_logprobs(batch)
+        attach_logprobs(sampled.logprobs)
         now = time.perf_counter()
         for (seq, _), tok in zip(batch.items, tokens, strict=True):
             if tok is not None:
@@ -256,36 +256,6 @@ class Engine:
         self.counters["decode_tokens"] += n_decode
         self.counters["finished"] += len(done)
         self._recent.append((now, n_prefill + n_decode))
-
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sample: list[bool]) -> list[int | None]:
-        """Greedy on the device; sequences with a logits processor, a temperature or logprobs are sampled
-        on the host (``engine.sampling``), their log-probabilities kept in ``self._logprobs`` until
-        :meth:`_keep_logprobs` attaches them to the committed tokens."""
-        greedy = logits.argmax(dim=-1).tolist()
-        out: list[int | None] = []
-        host = None
-        self._logprobs.clear()
-        for i, ((seq, _), want) in enumerate(zip(batch.items, sample, strict=True)):
-            if not want:
-                out.append(None)
-            elif needs_host(seq):
-                if host is None:
-                    host = logits.float().cpu()
-                tok, lp = sample_on_host(seq, host[i])
-                out.append(tok)
-                if lp is not None:
-                    self._logprobs[seq] = lp
-            else:
-                out.append(int(greedy[i]))
-        return out
-
-    def _keep_logprobs(self, batch: ScheduledBatch) -> None:
-        """Append each committed token's log-probability (one per output id; none for a sequence aborted
-        while its step ran, whose token was not appended)."""
-        for seq, lp in self._logprobs.items():
-            if len(seq.output_logprobs) < len(seq.output_ids):
-                seq.output_logprobs.append(lp)
-        self._logprobs.clear()
 
     def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None,
                        should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
