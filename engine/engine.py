@@ -8,7 +8,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -19,11 +18,12 @@ from engine.encoder_manager import EncoderManager
 from engine.loaders import LoadedModel, load_model
 from engine.memory_plan import plan_memory
 from engine.ops.linear import LinearKernels, set_linear_kernels
+from engine.overlap import LookaheadSteps
 from engine.request import FinishReason, Sequence
 from engine.resolve import describe, resolve_config
 from engine.runner import ModelRunner
-from engine.sampling import attach_logprobs, sample_step
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduler import Scheduler
+from engine.step_loop import StepLoop
 
 log = logging.getLogger("diarist.engine")
 
@@ -92,11 +92,9 @@ class Engine:
         self._stream = None
         if self.device.type == "cuda" and cfg.priority_stream:
             self._stream = torch.cuda.Stream(self.device, priority=-100)  # clamped to the highest
-        self._overlap = None
-        if cfg.async_decode:
-            from engine.overlap import OverlapLoop
-
-            self._overlap = OverlapLoop(self)
+        lookahead = (LookaheadSteps(self.runner, self.scheduler, self.device, self.max_reqs + 1)
+                     if cfg.async_decode else None)
+        self.loop = StepLoop(self.scheduler, self.runner, self.model, self.cross, lookahead)
         # Audio requests pass through the encoder stage (windows batched across requests under a per-step
         # budget, encoder CUDA graphs, output cache, own stream) before the scheduler sees them.
         self.encoder = EncoderManager.for_engine(self)
@@ -105,8 +103,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._lock = threading.Lock()
-        self._recent: deque[tuple[float, int]] = deque(maxlen=256)
-        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
@@ -198,64 +194,11 @@ class Engine:
         return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     def step(self) -> bool:
-        """Run one scheduler step. Returns False when there was nothing to do."""
+        """Run one step of the loop (:class:`engine.step_loop.StepLoop`). Returns False when there was
+        nothing to do."""
         with self._lock, self._on_stream():
-            if self._overlap is not None:
-                return self._overlap.step()
             self._drain()
-            batch = self.scheduler.schedule()
-            if batch is None:
-                return False
-            try:
-                self._run(batch)
-            except Exception as e:  # a failed step ends its sequences, never the engine
-                log.exception("engine step failed")
-                self.counters["errors"] += 1
-                for seq, _ in batch.items:
-                    if not seq.finished:
-                        seq.error = f"{type(e).__name__}: {e}"
-                        self.scheduler.finish(seq, FinishReason.ERROR)
-                    if not seq.done.is_set():  # also those the step finished before it failed
-                        seq.emit("finished", seq.finish_reason)
-            return True
-
-    def _run(self, batch: ScheduledBatch) -> None:
-        t0 = time.perf_counter()
-        if batch.admitted:
-            for seq in batch.admitted:
-                seq.emit("started")
-            self.model.prepare(batch.admitted, self.cross)
-            dt = time.perf_counter() - t0
-            for seq in batch.admitted:
-                seq.timings.encoder_s += dt
-        t1 = time.perf_counter()
-        fb, sample = self.runner.build(batch)
-        logits = self.runner.forward(fb)
-        sampled = sample_step(batch.items, logits, sample)
-        tokens = sampled.tokens
-        t2 = time.perf_counter()
-        n_prefill = batch.num_prefill_tokens
-        for (seq, n), _ in zip(batch.items, tokens, strict=True):
-            if seq.prefill_done:
-                seq.timings.decode_s += t2 - t1
-            else:
-                seq.timings.prefill_s += t2 - t1
-        done = self.scheduler.commit(batch, tokens)
-        attach_logprobs(sampled.logprobs)
-        now = time.perf_counter()
-        for (seq, _), tok in zip(batch.items, tokens, strict=True):
-            if tok is not None:
-                if seq.timings.first_token is None:
-                    seq.timings.first_token = now
-                seq.emit("token", tok)
-        for seq in done:
-            seq.emit("finished", seq.finish_reason)
-        n_decode = sum(1 for t in tokens if t is not None)
-        self.counters["steps"] += 1
-        self.counters["prefill_tokens"] += n_prefill
-        self.counters["decode_tokens"] += n_decode
-        self.counters["finished"] += len(done)
-        self._recent.append((now, n_prefill + n_decode))
+            return self.loop.step()
 
     def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None,
                        should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
@@ -347,13 +290,16 @@ class Engine:
             self._thread = None
 
     # -- observability -------------------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """The step loop's counters (:attr:`engine.step_loop.StepLoop.counters`)."""
+        return self.loop.counters
+
     def stats(self) -> dict:
         """Engine gauges and counters for /stats, metrics and the dashboard. ``kv_tokens_used`` counts the KV
         slots held by running sequences: each holds its whole reservation (prompt + output budget) from
         admission to finish."""
-        now = time.perf_counter()
-        recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
-        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        tokens_per_s, steps_per_s = self.loop.rates(time.perf_counter())
         total = self.allocator.num_slots
         used = total - self.allocator.num_free
         return {
@@ -372,8 +318,8 @@ class Engine:
             "kv_tokens_total": total,
             "kv_tokens_used": used,
             "kv_used_fraction": used / total if total else 0.0,
-            "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
-            "steps_per_s": len(recent) / span if span > 0 else 0.0,
+            "tokens_per_s": tokens_per_s,
+            "steps_per_s": steps_per_s,
             "cuda_graph_replays": getattr(self.runner.graphs, "replays", 0) if self.runner.graphs else 0,
             "prefill_graph_replays": getattr(self.runner.prefill_graphs, "replays", 0),
             "config": describe(self.config),
