@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -16,11 +15,12 @@ from engine.attention import GraphCapableBackend, make_backend
 from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
 from engine.loaders import LoadedModel, load_model
+from engine.logits_rules import install_logits_rules
 from engine.memory_plan import plan_memory
 from engine.ops.linear import LinearKernels, set_linear_kernels
 from engine.overlap import LookaheadSteps
 from engine.request import FinishReason, Sequence
-from engine.resolve import describe, resolve_config
+from engine.resolve import default_cpu_threads, describe, resolve_config
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.step_loop import StepLoop
@@ -29,16 +29,6 @@ log = logging.getLogger("diarist.engine")
 
 CANCEL_POLL_S = 0.05
 """Seconds between two looks at a waiter's ``should_cancel``: the longest a cancel waits to abort its work."""
-
-
-def default_cpu_threads() -> int:
-    """Intra-op threads for the CPU engine: half the cores (at least 1).
-
-    The engine shares the CPU with VAD, speaker embeddings, the API and workers. OpenMP threads spin while
-    they wait, so an oversubscribed pool turns the decoder's many tiny ops into waits: on 2 busy cores,
-    2 threads made tiny.en decoding 5-13x slower than 1 thread (measured here, benchmarks/bench_cpu.py).
-    """
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 class Engine:
@@ -61,7 +51,6 @@ class Engine:
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
-        self.fallbacks: list[str] = []  # fast paths that failed to set up and what runs instead (stats)
         self.loaded = loaded or load_model(cfg)
         self.model = self.loaded.model
         set_linear_kernels(self.model, LinearKernels(gemv_max_rows=1 if cfg.small_batch_gemv else 0,
@@ -72,7 +61,7 @@ class Engine:
         plan = plan_memory(self.model, cfg, self.max_context, self.dtype, self.device)
         self.kv, self.allocator, self.table, self.cross = plan.kv, plan.allocator, plan.table, plan.cross
         self.max_reqs, self.kv_bytes_per_token = plan.max_reqs, plan.kv_bytes_per_token
-        self._install_logits_rules()
+        install_logits_rules(self.model, self.loaded.info.get("greedy_rules"), self.max_reqs + 1, self.device)
         self.attn = make_backend(cfg.attention_backend, cfg, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
                                    class_limits=cfg.admission_limits)
@@ -80,7 +69,11 @@ class Engine:
         # resolve_config leaves cuda_graph_max_bs > 0 only on CUDA with a graph-capable backend
         graphs = cfg.cuda_graph_max_bs > 0 and self.device.type == "cuda"
         if graphs and isinstance(self.attn, GraphCapableBackend):
-            self._capture_graphs()
+            buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
+            self.runner.capture_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs),
+                                       buckets if self.cross is None else (),  # cross-attention: eager prefill
+                                       min(cfg.prefill_graph_max_items, self.max_reqs), self.model.hidden_size,
+                                       self.dtype)
         log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
                  ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
         if self.random_weights:
@@ -106,40 +99,10 @@ class Engine:
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
-    def _install_logits_rules(self) -> None:
-        """Give the model the checkpoint's greedy rules (``info["greedy_rules"]``: repetition penalty,
-        suppressed ids) when they change logits; before graph capture, so the graphs contain them."""
-        rules = self.loaded.info.get("greedy_rules")
-        if rules is None or not rules.changes_logits or not hasattr(self.model, "logits_rules"):
-            return
-        from engine.logits_rules import GreedyLogitsRules
-
-        vocab = self.model.lm_head.weight.shape[0]
-        self.model.logits_rules = GreedyLogitsRules(rules, self.max_reqs + 1, vocab, self.device)
-
-    def _capture_graphs(self) -> None:
-        """Capture decode, then prefill CUDA graphs. A capture that fails leaves those steps eager, loudly:
-        an error log line with the cause, and ``stats()["fallbacks"]``."""
-        cfg = self.config
-        try:
-            self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
-        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, never refuse to start
-            self._fall_back("decode CUDA graphs", e)
-            self.runner.graphs = None
-            return
-        buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
-        if buckets and self.cross is None:  # cross-attention models: eager
-            try:
-                self.runner.capture_prefill_graphs(self.model.hidden_size, self.dtype, buckets,
-                                                   min(cfg.prefill_graph_max_items, self.max_reqs))
-            except Exception as e:  # noqa: BLE001
-                self._fall_back("prefill CUDA graphs", e)
-                self.runner.prefill_graphs = None
-
-    def _fall_back(self, what: str, error: BaseException) -> None:
-        """Record that ``what`` could not be set up and runs eagerly instead (log line + stats)."""
-        self.fallbacks.append(f"{what}: {type(error).__name__}: {error}")
-        log.error("%s could not be set up, running eagerly instead: %s: %s", what, type(error).__name__, error)
+    @property
+    def fallbacks(self) -> list[str]:
+        """Fast paths of the model that failed to set up, and what runs instead (``ModelRunner.fallbacks``)."""
+        return self.runner.fallbacks
 
     @property
     def random_weights(self) -> bool:
