@@ -104,11 +104,13 @@ class EagerSteps:
         self.scheduler = scheduler
 
     def launch(self, batch: ScheduledBatch) -> SampledStep:
+        """Pack ``batch``, run the forward (a CUDA graph or eager) and sample its tokens."""
         fb, sample = self.runner.build(batch)
         logits = self.runner.forward(fb)
         return sample_step(batch.items, logits, sample)
 
     def complete(self, batch: ScheduledBatch, work: SampledStep) -> Completed:
+        """Commit the sampled tokens (stop rules), attach their log-probabilities, emit ``token`` events."""
         done = self.scheduler.commit(batch, work.tokens)
         attach_logprobs(work.logprobs)
         now = time.perf_counter()
