@@ -75,7 +75,7 @@ class EngineConfig:
             against archive/engine_h200_9ec4f6a.json), off on the CPU, where the host and the "device" are the
             same cores.
         stream_interval_s: coalescing window for streamed text deltas (seconds).
-        threads: torch intra-op threads on CPU (``None``: half the cores, see ``engine.engine.default_cpu_threads``).
+        threads: torch intra-op threads on CPU (``None``: half the cores, see ``engine.resolve.default_cpu_threads``).
         encoder_window_budget: audio windows (30 s each) encoded per engine step, across requests
             (:mod:`engine.encoder_manager`); a long recording spreads over steps. 0 encodes at admission.
         encoder_cache_entries / encoder_cache_bytes: limits of the host LRU cache of encoder + adapter

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -16,31 +14,21 @@ import torch
 from engine.attention import GraphCapableBackend, make_backend
 from engine.config import EngineConfig
 from engine.encoder_manager import EncoderManager
-from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
 from engine.loaders import LoadedModel, load_model
+from engine.logits_rules import install_logits_rules
+from engine.memory_plan import plan_memory
 from engine.ops.linear import LinearKernels, set_linear_kernels
+from engine.overlap import LookaheadSteps
 from engine.request import FinishReason, Sequence
-from engine.resolve import describe, resolve_config
+from engine.resolve import default_cpu_threads, describe, resolve_config
 from engine.runner import ModelRunner
-from engine.sampling import needs_host, sample_on_host
-from engine.scheduler import ScheduledBatch, Scheduler
+from engine.scheduler import Scheduler
+from engine.step_loop import StepLoop
 
 log = logging.getLogger("diarist.engine")
 
 CANCEL_POLL_S = 0.05
 """Seconds between two looks at a waiter's ``should_cancel``: the longest a cancel waits to abort its work."""
-
-GiB = 1 << 30
-
-
-def default_cpu_threads() -> int:
-    """Intra-op threads for the CPU engine: half the cores (at least 1).
-
-    The engine shares the CPU with VAD, speaker embeddings, the API and workers. OpenMP threads spin while
-    they wait, so an oversubscribed pool turns the decoder's many tiny ops into waits: on 2 busy cores,
-    2 threads made tiny.en decoding 5-13x slower than 1 thread (measured here, benchmarks/bench_cpu.py).
-    """
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 class Engine:
@@ -63,7 +51,6 @@ class Engine:
         if cfg.device == "cpu":
             torch.set_num_threads(cfg.threads or default_cpu_threads())
         self.device = torch.device(cfg.device)
-        self.fallbacks: list[str] = []  # fast paths that failed to set up and what runs instead (stats)
         self.loaded = loaded or load_model(cfg)
         self.model = self.loaded.model
         set_linear_kernels(self.model, LinearKernels(gemv_max_rows=1 if cfg.small_batch_gemv else 0,
@@ -71,8 +58,10 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)
-        self._build_cache()
-        self._install_logits_rules()
+        plan = plan_memory(self.model, cfg, self.max_context, self.dtype, self.device)
+        self.kv, self.allocator, self.table, self.cross = plan.kv, plan.allocator, plan.table, plan.cross
+        self.max_reqs, self.kv_bytes_per_token = plan.max_reqs, plan.kv_bytes_per_token
+        install_logits_rules(self.model, self.loaded.info.get("greedy_rules"), self.max_reqs + 1, self.device)
         self.attn = make_backend(cfg.attention_backend, cfg, kv=self.kv, table=self.table, cross=self.cross)
         self.scheduler = Scheduler(self.allocator, self.table, self.max_context, cfg.chunk_size, self.max_reqs,
                                    class_limits=cfg.admission_limits)
@@ -80,7 +69,11 @@ class Engine:
         # resolve_config leaves cuda_graph_max_bs > 0 only on CUDA with a graph-capable backend
         graphs = cfg.cuda_graph_max_bs > 0 and self.device.type == "cuda"
         if graphs and isinstance(self.attn, GraphCapableBackend):
-            self._capture_graphs()
+            buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
+            self.runner.capture_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs),
+                                       buckets if self.cross is None else (),  # cross-attention: eager prefill
+                                       min(cfg.prefill_graph_max_items, self.max_reqs), self.model.hidden_size,
+                                       self.dtype)
         log.info("engine ready: %s on %s, %s", self.loaded.info.get("name"), self.device,
                  ", ".join(f"{k}={v}" for k, v in describe(cfg).items() if k != "device"))
         if self.random_weights:
@@ -92,11 +85,9 @@ class Engine:
         self._stream = None
         if self.device.type == "cuda" and cfg.priority_stream:
             self._stream = torch.cuda.Stream(self.device, priority=-100)  # clamped to the highest
-        self._overlap = None
-        if cfg.async_decode:
-            from engine.overlap import OverlapLoop
-
-            self._overlap = OverlapLoop(self)
+        lookahead = (LookaheadSteps(self.runner, self.scheduler, self.device, self.max_reqs + 1)
+                     if cfg.async_decode else None)
+        self.loop = StepLoop(self.scheduler, self.runner, self.model, self.cross, lookahead)
         # Audio requests pass through the encoder stage (windows batched across requests under a per-step
         # budget, encoder CUDA graphs, output cache, own stream) before the scheduler sees them.
         self.encoder = EncoderManager.for_engine(self)
@@ -105,78 +96,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._lock = threading.Lock()
-        self._recent: deque[tuple[float, int]] = deque(maxlen=256)
-        self._logprobs: dict[Sequence, float] = {}  # one step's host-sampled log-probabilities
-        self.counters = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "errors": 0}
         if self._stream is not None:  # everything built above (weights, KV, graph and loop buffers) first
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
-    def _install_logits_rules(self) -> None:
-        """Give the model the checkpoint's greedy rules (``info["greedy_rules"]``: repetition penalty,
-        suppressed ids) when they change logits; before graph capture, so the graphs contain them."""
-        rules = self.loaded.info.get("greedy_rules")
-        if rules is None or not rules.changes_logits or not hasattr(self.model, "logits_rules"):
-            return
-        from engine.logits_rules import GreedyLogitsRules
-
-        vocab = self.model.lm_head.weight.shape[0]
-        self.model.logits_rules = GreedyLogitsRules(rules, self.max_reqs + 1, vocab, self.device)
-
-    def _capture_graphs(self) -> None:
-        """Capture decode, then prefill CUDA graphs. A capture that fails leaves those steps eager, loudly:
-        an error log line with the cause, and ``stats()["fallbacks"]``."""
-        cfg = self.config
-        try:
-            self.runner.capture_cuda_graphs(min(cfg.cuda_graph_max_bs, self.max_reqs))
-        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, never refuse to start
-            self._fall_back("decode CUDA graphs", e)
-            self.runner.graphs = None
-            return
-        buckets = tuple(b for b in cfg.prefill_graph_tokens if b <= cfg.chunk_size)
-        if buckets and self.cross is None:  # cross-attention models: eager
-            try:
-                self.runner.capture_prefill_graphs(self.model.hidden_size, self.dtype, buckets,
-                                                   min(cfg.prefill_graph_max_items, self.max_reqs))
-            except Exception as e:  # noqa: BLE001
-                self._fall_back("prefill CUDA graphs", e)
-                self.runner.prefill_graphs = None
-
-    def _fall_back(self, what: str, error: BaseException) -> None:
-        """Record that ``what`` could not be set up and runs eagerly instead (log line + stats)."""
-        self.fallbacks.append(f"{what}: {type(error).__name__}: {error}")
-        log.error("%s could not be set up, running eagerly instead: %s: %s", what, type(error).__name__, error)
-
-    # -- memory plan ---------------------------------------------------------------------------------
-    def _budget(self) -> int:
-        cfg = self.config
-        if cfg.kv_budget_bytes is not None:
-            return int(cfg.kv_budget_bytes)
-        if self.device.type == "cuda":
-            free, _total = torch.cuda.mem_get_info(self.device)
-            return int(free * cfg.kv_memory_fraction)
-        return 1 * GiB
-
-    def _build_cache(self) -> None:
-        budget = self._budget()
-        layers, kv_heads, head_dim = self.model.kv_layout()
-        per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, self.dtype)
-        self.max_reqs = self.config.max_running_requests
-        self.cross = None
-        cross_layout = self.model.cross_layout()
-        if cross_layout is not None:
-            per_row = CrossKVPool.bytes_per_row(*cross_layout, self.dtype)
-            # Leave at least one full context per row for self-attention KV.
-            self.max_reqs = max(1, min(self.max_reqs, budget // (per_row + per_token * self.max_context)))
-            budget -= per_row * self.max_reqs
-            cl, src, heads, hd = cross_layout
-            self.cross = CrossKVPool(cl, self.max_reqs, src, heads, hd, self.dtype, self.device)
-        slots = min(budget // per_token, self.max_reqs * self.max_context)
-        if slots < 1:
-            raise ValueError(f"KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
-        self.kv_bytes_per_token = per_token
-        self.kv = KVPool(layers, int(slots), kv_heads, head_dim, self.dtype, self.device)
-        self.allocator = SlotAllocator(int(slots))
-        self.table = ReqToTokenTable(self.max_reqs, self.max_context, self.device)
+    @property
+    def fallbacks(self) -> list[str]:
+        """Fast paths of the model that failed to set up, and what runs instead (``ModelRunner.fallbacks``)."""
+        return self.runner.fallbacks
 
     @property
     def random_weights(self) -> bool:
@@ -231,93 +157,11 @@ class Engine:
         return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
 
     def step(self) -> bool:
-        """Run one scheduler step. Returns False when there was nothing to do."""
+        """Run one step of the loop (:class:`engine.step_loop.StepLoop`). Returns False when there was
+        nothing to do."""
         with self._lock, self._on_stream():
-            if self._overlap is not None:
-                return self._overlap.step()
             self._drain()
-            batch = self.scheduler.schedule()
-            if batch is None:
-                return False
-            try:
-                self._run(batch)
-            except Exception as e:  # a failed step ends its sequences, never the engine
-                log.exception("engine step failed")
-                self.counters["errors"] += 1
-                for seq, _ in batch.items:
-                    if not seq.finished:
-                        seq.error = f"{type(e).__name__}: {e}"
-                        self.scheduler.finish(seq, FinishReason.ERROR)
-                    if not seq.done.is_set():  # also those the step finished before it failed
-                        seq.emit("finished", seq.finish_reason)
-            return True
-
-    def _run(self, batch: ScheduledBatch) -> None:
-        t0 = time.perf_counter()
-        if batch.admitted:
-            for seq in batch.admitted:
-                seq.emit("started")
-            self.model.prepare(batch.admitted, self.cross)
-            dt = time.perf_counter() - t0
-            for seq in batch.admitted:
-                seq.timings.encoder_s += dt
-        t1 = time.perf_counter()
-        fb, sample = self.runner.build(batch)
-        logits = self.runner.forward(fb)
-        tokens = self._sample(batch, logits, sample)
-        t2 = time.perf_counter()
-        n_prefill = batch.num_prefill_tokens
-        for (seq, n), _ in zip(batch.items, tokens, strict=True):
-            if seq.prefill_done:
-                seq.timings.decode_s += t2 - t1
-            else:
-                seq.timings.prefill_s += t2 - t1
-        done = self.scheduler.commit(batch, tokens)
-        self._keep_logprobs(batch)
-        now = time.perf_counter()
-        for (seq, _), tok in zip(batch.items, tokens, strict=True):
-            if tok is not None:
-                if seq.timings.first_token is None:
-                    seq.timings.first_token = now
-                seq.emit("token", tok)
-        for seq in done:
-            seq.emit("finished", seq.finish_reason)
-        n_decode = sum(1 for t in tokens if t is not None)
-        self.counters["steps"] += 1
-        self.counters["prefill_tokens"] += n_prefill
-        self.counters["decode_tokens"] += n_decode
-        self.counters["finished"] += len(done)
-        self._recent.append((now, n_prefill + n_decode))
-
-    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, sample: list[bool]) -> list[int | None]:
-        """Greedy on the device; sequences with a logits processor, a temperature or logprobs are sampled
-        on the host (``engine.sampling``), their log-probabilities kept in ``self._logprobs`` until
-        :meth:`_keep_logprobs` attaches them to the committed tokens."""
-        greedy = logits.argmax(dim=-1).tolist()
-        out: list[int | None] = []
-        host = None
-        self._logprobs.clear()
-        for i, ((seq, _), want) in enumerate(zip(batch.items, sample, strict=True)):
-            if not want:
-                out.append(None)
-            elif needs_host(seq):
-                if host is None:
-                    host = logits.float().cpu()
-                tok, lp = sample_on_host(seq, host[i])
-                out.append(tok)
-                if lp is not None:
-                    self._logprobs[seq] = lp
-            else:
-                out.append(int(greedy[i]))
-        return out
-
-    def _keep_logprobs(self, batch: ScheduledBatch) -> None:
-        """Append each committed token's log-probability (one per output id; none for a sequence aborted
-        while its step ran, whose token was not appended)."""
-        for seq, lp in self._logprobs.items():
-            if len(seq.output_logprobs) < len(seq.output_ids):
-                seq.output_logprobs.append(lp)
-        self._logprobs.clear()
+            return self.loop.step()
 
     def run_until_done(self, seqs: list[Sequence], timeout_s: float | None = None,
                        should_cancel: Callable[[], bool] | None = None) -> list[Sequence]:
@@ -409,13 +253,16 @@ class Engine:
             self._thread = None
 
     # -- observability -------------------------------------------------------------------------------
+    @property
+    def counters(self) -> dict[str, int]:
+        """The step loop's counters (:attr:`engine.step_loop.StepLoop.counters`)."""
+        return self.loop.counters
+
     def stats(self) -> dict:
         """Engine gauges and counters for /stats, metrics and the dashboard. ``kv_tokens_used`` counts the KV
         slots held by running sequences: each holds its whole reservation (prompt + output budget) from
         admission to finish."""
-        now = time.perf_counter()
-        recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
-        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        tokens_per_s, steps_per_s = self.loop.rates(time.perf_counter())
         total = self.allocator.num_slots
         used = total - self.allocator.num_free
         return {
@@ -434,8 +281,8 @@ class Engine:
             "kv_tokens_total": total,
             "kv_tokens_used": used,
             "kv_used_fraction": used / total if total else 0.0,
-            "tokens_per_s": sum(n for _, n in recent) / span if span > 0 else 0.0,
-            "steps_per_s": len(recent) / span if span > 0 else 0.0,
+            "tokens_per_s": tokens_per_s,
+            "steps_per_s": steps_per_s,
             "cuda_graph_replays": getattr(self.runner.graphs, "replays", 0) if self.runner.graphs else 0,
             "prefill_graph_replays": getattr(self.runner.prefill_graphs, "replays", 0),
             "config": describe(self.config),

@@ -72,3 +72,13 @@ class GreedyLogitsRules:
         if self.suppress is not None:
             logits = logits.index_fill(1, self.suppress, float("-inf"))
         return logits
+
+
+def install_logits_rules(model: torch.nn.Module, rules: GreedyRules | None, rows: int,
+                         device: torch.device) -> None:
+    """Give ``model`` the checkpoint's greedy ``rules`` (``LoadedModel.info["greedy_rules"]``) when they
+    change logits and the model has the ``logits_rules`` hook; ``rows`` as :class:`GreedyLogitsRules`.
+    Call it before graph capture, so the graphs contain the rules."""
+    if rules is None or not rules.changes_logits or not hasattr(model, "logits_rules"):
+        return
+    model.logits_rules = GreedyLogitsRules(rules, rows, model.lm_head.weight.shape[0], device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -23,6 +24,16 @@ from engine.attention import BACKENDS, supports_cuda_graphs
 from engine.config import DeviceUnavailable, EngineConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def default_cpu_threads() -> int:
+    """Intra-op threads for the CPU engine: half the cores (at least 1).
+
+    The engine shares the CPU with VAD, speaker embeddings, the API and workers. OpenMP threads spin while
+    they wait, so an oversubscribed pool turns the decoder's many tiny ops into waits: on 2 busy cores,
+    2 threads made tiny.en decoding 5-13x slower than 1 thread (measured here, benchmarks/bench_cpu.py).
+    """
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def check_device(name: str) -> torch.device:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.kv import ReqToTokenTable
 from engine.scheduler import ScheduledBatch
+
+log = logging.getLogger("diarist.engine")
 
 
 class ModelRunner:
@@ -21,6 +25,29 @@ class ModelRunner:
         self.device = device
         self.graphs = None  # engine.cuda_graph.DecodeGraphs once captured; eager otherwise
         self.prefill_graphs = None  # engine.prefill_graphs.PrefillGraphs once captured
+        self.fallbacks: list[str] = []  # graphs that failed to capture: "what: error" (engine stats)
+
+    def capture_graphs(self, max_batch_size: int, prefill_tokens: tuple[int, ...], prefill_max_items: int,
+                       hidden: int, dtype: torch.dtype) -> None:
+        """Capture decode graphs, then prefill graphs for the ``prefill_tokens`` buckets (none: no prefill
+        graphs). A capture that fails leaves those steps eager, loudly: an error log line with the cause,
+        and a line in :attr:`fallbacks`."""
+        try:
+            self.capture_cuda_graphs(max_batch_size)
+        except Exception as e:  # noqa: BLE001 - any capture failure: run eagerly, never refuse to start
+            self._fall_back("decode CUDA graphs", e)
+            self.graphs = None
+            return
+        if prefill_tokens:
+            try:
+                self.capture_prefill_graphs(hidden, dtype, prefill_tokens, prefill_max_items)
+            except Exception as e:  # noqa: BLE001
+                self._fall_back("prefill CUDA graphs", e)
+                self.prefill_graphs = None
+
+    def _fall_back(self, what: str, error: BaseException) -> None:
+        self.fallbacks.append(f"{what}: {type(error).__name__}: {error}")
+        log.error("%s could not be set up, running eagerly instead: %s: %s", what, type(error).__name__, error)
 
     def capture_cuda_graphs(self, max_batch_size: int) -> None:
         """Capture decode graphs for batch sizes up to ``max_batch_size`` (CUDA + graph-capable backend)."""

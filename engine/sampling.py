@@ -17,7 +17,9 @@ is the reference of the GPU one:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -52,13 +54,23 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
-def needs_host(seq) -> bool:
+class SampledSequence(Protocol):
+    """What sampling reads and writes of a sequence (:class:`engine.request.Sequence` provides it)."""
+
+    sampling: SamplingParams
+    logits_processor: Callable[..., torch.Tensor] | None
+    generator: torch.Generator | None
+    output_ids: list[int]
+    output_logprobs: list[float]
+
+
+def needs_host(seq: SampledSequence) -> bool:
     """True when ``seq`` must be sampled on the host (a logits processor, a temperature or logprobs)."""
     s = seq.sampling
     return seq.logits_processor is not None or not s.greedy or s.logprobs
 
 
-def sample_on_host(seq, logits: torch.Tensor) -> tuple[int, float | None]:
+def sample_on_host(seq: SampledSequence, logits: torch.Tensor) -> tuple[int, float | None]:
     """Pick ``seq``'s next token from its float32 host logits ``[vocab]`` (module docstring, steps 1-3).
 
     Returns ``(token id, log-probability or None)``; the caller appends the log-probability once the token
@@ -79,3 +91,44 @@ def sample_on_host(seq, logits: torch.Tensor) -> tuple[int, float | None]:
         tok = int(torch.multinomial(probs, 1, generator=seq.generator))
     lp = float(torch.log_softmax(x.float(), dim=-1)[tok]) if params.logprobs else None
     return tok, lp
+
+
+@dataclass
+class SampledStep:
+    """One step's sampled tokens: ``tokens[i]`` for ``batch.items[i]`` (``None`` where nothing is sampled: a
+    prefill chunk that does not reach the prompt's end), and the log-probabilities of the host-sampled
+    sequences that asked for them (attached by :func:`attach_logprobs` once the tokens are committed)."""
+
+    tokens: list[int | None]
+    logprobs: dict[SampledSequence, float]
+
+
+def sample_step(items: list[tuple[SampledSequence, int]], logits: torch.Tensor, sample: list[bool]) -> SampledStep:
+    """Pick the next token of every item whose ``sample`` flag is set, from the step's logits ``[B, vocab]``:
+    greedy on the device (one ``argmax`` for the whole step), the sequences that :func:`needs_host` on the
+    host (:func:`sample_on_host`, the logits copied once per step)."""
+    greedy = logits.argmax(dim=-1).tolist()
+    out: list[int | None] = []
+    logprobs: dict[SampledSequence, float] = {}
+    host = None
+    for i, ((seq, _), want) in enumerate(zip(items, sample, strict=True)):
+        if not want:
+            out.append(None)
+        elif needs_host(seq):
+            if host is None:
+                host = logits.float().cpu()
+            tok, lp = sample_on_host(seq, host[i])
+            out.append(tok)
+            if lp is not None:
+                logprobs[seq] = lp
+        else:
+            out.append(int(greedy[i]))
+    return SampledStep(out, logprobs)
+
+
+def attach_logprobs(logprobs: dict[SampledSequence, float]) -> None:
+    """Append each committed token's log-probability (one per output id; none for a sequence aborted
+    while its step ran, whose token was not appended)."""
+    for seq, lp in logprobs.items():
+        if len(seq.output_logprobs) < len(seq.output_ids):
+            seq.output_logprobs.append(lp)

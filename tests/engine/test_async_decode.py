@@ -126,7 +126,7 @@ def test_whisper_transcripts_async_equal_sync(whisper_engine):
     lookahead = Engine(EngineConfig(model="whisper", kv_budget_bytes=512 << 20, max_running_requests=24,
                                     async_decode=True),
                        loaded=LoadedModel(loaded.model, loaded.tokenizer, loaded.info))
-    assert lookahead._overlap is not None
+    assert lookahead.loop.lookahead is not None
     opts = TranscribeOptions(diarize=False)
     for clip in ("en_jfk_inaugural/jfk.flac", "en_2spk_phonecall_pyannote_sample/sample.wav"):
         a = Transcriber(whisper_engine).transcribe(data_file(clip), opts)

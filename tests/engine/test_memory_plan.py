@@ -1,15 +1,18 @@
-"""Memory plan for MOSS-TD at full size: KV needed is known before admission; a 90-minute recording fits an
-H200-sized KV budget and is refused with a clear error on one that cannot hold it.
+"""Memory plan: the pools ``engine.memory_plan`` sizes from a budget; and MOSS-TD at full size, where the
+KV needed is known before admission, a 90-minute recording fits an H200-sized KV budget and is refused
+with a clear error on one that cannot hold it.
 
-The engine is built on the ``meta`` device (full 0.91 B shapes, bf16) so nothing big is allocated here.
+The full-size engine is built on the ``meta`` device (0.91 B shapes, bf16) so nothing big is allocated here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
+from engine.memory_plan import CPU_KV_BUDGET, kv_budget_bytes, plan_memory
 from engine.models.moss_td_prompt import build_prompt
 from transcription.moss_td_pipeline import build_moss_sequence
 
@@ -100,3 +103,48 @@ def test_empty_audio_is_refused(h200):
     with pytest.raises(RequestRejected) as e:
         build_moss_sequence(h200, np.zeros(0, dtype=np.float32))
     assert e.value.code == "too_short"
+
+
+# -- the plan itself (engine.memory_plan), on a stand-in for a model's KV layout --------------------------
+class _Layout:
+    """What the plan reads of a model: 2 layers, 2 KV heads of 16 (512 float32 bytes a token)."""
+
+    def __init__(self, cross: tuple[int, int, int, int] | None = None) -> None:
+        self.cross = cross
+
+    def kv_layout(self) -> tuple[int, int, int]:
+        return 2, 2, 16
+
+    def cross_layout(self) -> tuple[int, int, int, int] | None:
+        return self.cross
+
+
+def _plan(budget: int, max_context: int, max_reqs: int = 4, cross=None):
+    cfg = EngineConfig(kv_budget_bytes=budget, max_running_requests=max_reqs)
+    return plan_memory(_Layout(cross), cfg, max_context, torch.float32, torch.device("cpu"))
+
+
+def test_plan_turns_the_budget_into_slots_capped_by_what_can_run_at_once():
+    p = _plan(1000 * 512 + 100, max_context=512)
+    assert p.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4 == 512
+    assert p.allocator.num_slots == p.kv.num_slots == 1000 and p.cross is None
+    assert p.max_reqs == p.table.max_reqs == 4
+    assert _plan(1000 * 512, max_context=100).allocator.num_slots == 4 * 100  # never more than 4 contexts
+
+
+def test_cross_rows_come_first_and_leave_a_full_context_each():
+    per_row = 2 * 2 * 10 * 2 * 16 * 4  # K and V, 2 layers, 10 source positions, 2 heads of 16
+    p = _plan(3 * (per_row + 100 * 512) + 511, max_context=100, max_reqs=16, cross=(2, 10, 2, 16))
+    assert p.max_reqs == p.table.max_reqs == 3 and p.cross is not None
+    assert p.cross.k[0].shape == (4, 10, 2, 16)  # row 0 is padding
+    assert p.allocator.num_slots == 3 * 100
+
+
+def test_a_budget_without_room_for_one_token_is_refused():
+    with pytest.raises(ValueError, match="holds no token"):
+        _plan(511, max_context=100)
+
+
+def test_default_budget_off_cuda():
+    assert kv_budget_bytes(EngineConfig(), torch.device("cpu")) == CPU_KV_BUDGET == GiB
+    assert kv_budget_bytes(EngineConfig(kv_budget_bytes=12345), torch.device("cpu")) == 12345

@@ -17,6 +17,7 @@ import torch
 
 from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from engine.sampling import sample_step
 from tests.conftest import TINY_MOSS, teacher_forcing
 from transcription.moss_td_pipeline import build_moss_sequence
 
@@ -162,7 +163,7 @@ def test_split_at_every_legal_k_gives_the_whole_batch_logits():
             if bad == 0 or bad > k or bad == b:
                 with pytest.raises(ValueError):
                     fb.split(bad)
-        eng.scheduler.commit(step, eng._sample(step, whole, sample))
+        eng.scheduler.commit(step, sample_step(step.items, whole, sample).tokens)
         live = [s for s in live if not s.finished]
     assert min(seen.values()) > 0 and seen["splits"] >= 40, seen
 

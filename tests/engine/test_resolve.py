@@ -81,7 +81,7 @@ def test_a_failed_graph_capture_falls_back_loudly(monkeypatch, caplog):
 
     monkeypatch.setattr(eng.runner, "capture_cuda_graphs", boom)
     with caplog.at_level(logging.ERROR, logger="diarist.engine"):
-        eng._capture_graphs()
+        eng.runner.capture_graphs(4, (64,), 2, eng.model.hidden_size, eng.dtype)
     assert eng.runner.graphs is None
     assert eng.stats()["fallbacks"] == ["decode CUDA graphs: RuntimeError: capture refused"]
     assert "decode CUDA graphs could not be set up" in caplog.text
