@@ -72,6 +72,19 @@ def check_engine_urls(urls: Any) -> list[str]:
     return out
 
 
+def default_served_models(model: str, model_path: str | None) -> list[str]:
+    """Names a server of the ``model`` family loaded from ``model_path`` answers to in a request's ``model``
+    field when ``DIARIST_SERVED_MODELS`` is unset: whisper, whisper-1 and the packaged checkpoint's name
+    (tiny.en or base) for the whisper family, or the family's name. Torch-free."""
+    # "whisper-1" is what OpenAI clients send; every family answers to it
+    if model != "whisper":
+        return ["whisper", "whisper-1", model]
+    from engine.checkpoints import packaged_whisper
+
+    packaged = packaged_whisper(model_path)
+    return ["whisper", "whisper-1", *([packaged.name] if packaged is not None else [])]
+
+
 def coerce_engine_urls(value: Any) -> list[str]:
     """A settings field's engine URL list from the environment's string (:func:`parse_engine_urls`) or a
     list given in code (:func:`check_engine_urls`); raises ValueError as they do."""
@@ -113,7 +126,8 @@ class EnvSettings(BaseSettings):
         except SettingsError as e:  # a list or dict variable that is not JSON; the message names its field
             field = re.search(r'field "(\w+)"', str(e))
             names = [prefix_of(self) + field.group(1).upper()] if field else []
-            raise InvalidSettings(f"{', '.join(names) or type(self).__name__}: not valid JSON ({e})", names) from None
+            where = ", ".join(names) or type(self).__name__
+            raise InvalidSettings(f"{where}: not valid JSON ({e})", names) from None
 
 
 def prefix_of(settings: BaseSettings) -> str:
@@ -304,16 +318,10 @@ class Settings(EnvSettings):
 
     @property
     def served_model_names(self) -> list[str]:
-        """``served_models``, or its default for the model (see the field)."""
+        """``served_models``, or its default for the model (:func:`default_served_models`)."""
         if self.served_models is not None:
             return self.served_models
-        # "whisper-1" is what OpenAI clients send; every family answers to it
-        if self.model != "whisper":
-            return ["whisper", "whisper-1", self.model]
-        from engine.checkpoints import packaged_whisper
-
-        packaged = packaged_whisper(self.model_path)
-        return ["whisper", "whisper-1", *([packaged.name] if packaged is not None else [])]
+        return default_served_models(self.model, self.model_path)
 
     def worker_threads(self, klass: str) -> int:
         """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or
