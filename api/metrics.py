@@ -139,7 +139,7 @@ class EngineCollector:
     def collect(self) -> Iterator[Metric]:
         try:
             stats = self.source()
-        except Exception:
+        except Exception:  # the scrape still answers, without engine series; the log says why
             log.exception("engine stats for /metrics failed")
             stats = {}
         lab = ["engine"]
