@@ -28,8 +28,15 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     """The API over ``services`` (whose ``dispatcher`` must be set to accept jobs).
 
     ``engine_ready``: optional readiness probe of an in-process engine, reported by ``/readyz``.
+
+    Raises:
+        diarist.settings.InvalidSettings: a ``DIARIST_ADMIN_*`` variable does not validate (read here, at
+            startup, rather than at the first ``/metrics`` or ``/readyz``).
     """
     import diarist
+    from api.admin.config import get_admin_settings
+
+    get_admin_settings()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

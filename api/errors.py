@@ -25,6 +25,12 @@ class ApiError(CodedError):
         self.status, self.headers = status, headers  # per instance, over the class default
 
 
+def unknown_model(name: str, served: Sequence[str]) -> ApiError:
+    """422 ``unknown_model``: ``name`` is not among the ``served`` model names (the main API's routes and
+    the engine server's OpenAI route answer alike)."""
+    return ApiError(422, "unknown_model", f"unknown model {name!r}; this server serves: {', '.join(served)}")
+
+
 def error_body(code: str, message: str) -> dict:
     """The JSON error shape: ``{"error": {"code", "message"}}``."""
     return {"error": {"code": code, "message": message}}

@@ -29,6 +29,7 @@ Engine server (:func:`engine_metrics_router`), label ``engine``:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ from diarist.db import Database
 from diarist.metrics import class_of
 from diarist.models import Job, JobStatus
 
+log = logging.getLogger(__name__)
 STATUSES = tuple(s.value for s in JobStatus)
 WEBHOOK_STATES = ("pending", "retrying", "delivered", "failed")
 ENGINE_COUNTERS = (("steps", "steps", "Engine steps (one forward pass each)."),
@@ -135,7 +137,11 @@ class EngineCollector:
         self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.source()
+        try:
+            stats = self.source()
+        except Exception:  # the scrape still answers, without engine series; the log says why
+            log.exception("engine stats for /metrics failed")
+            stats = {}
         lab = ["engine"]
         up = GaugeMetricFamily("diarist_engine_up", "1 when the engine answered its stats.", labels=lab)
         info = GaugeMetricFamily("diarist_engine_info", "The engine's model and device.",

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from api import intake
 from api.deps import Principal
-from api.errors import ApiError
+from api.errors import ApiError, unknown_model
 from api.schemas import JobOptions
 from diarist.models import Job, JobStatus, new_id, utcnow
 from diarist.netguard import UnsafeURL, check_url
@@ -42,7 +42,7 @@ def resolve_model(services: Services, name: str | None) -> str:
     if name is None:
         return services.settings.model
     if name not in served:
-        raise ApiError(422, "unknown_model", f"unknown model {name!r}; this server serves: {', '.join(served)}")
+        raise unknown_model(name, served)
     return name
 
 

@@ -28,13 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from diarist.settings import InvalidSettings
     from engine.checkpoints import CheckpointError  # torch-free
     from engine.config import DeviceUnavailable
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DeviceUnavailable, CheckpointError) as e:  # every command that builds an engine: one line
+    except (DeviceUnavailable, CheckpointError, InvalidSettings) as e:  # an engine or the settings: one line
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -71,7 +72,70 @@ def check_engine_urls(urls: Any) -> list[str]:
     return out
 
 
-class Settings(BaseSettings):
+def default_served_models(model: str, model_path: str | None) -> list[str]:
+    """Names a server of the ``model`` family loaded from ``model_path`` answers to in a request's ``model``
+    field when ``DIARIST_SERVED_MODELS`` is unset: whisper, whisper-1 and the packaged checkpoint's name
+    (tiny.en or base) for the whisper family, or the family's name. Torch-free."""
+    # "whisper-1" is what OpenAI clients send; every family answers to it
+    if model != "whisper":
+        return ["whisper", "whisper-1", model]
+    from engine.checkpoints import packaged_whisper
+
+    packaged = packaged_whisper(model_path)
+    return ["whisper", "whisper-1", *([packaged.name] if packaged is not None else [])]
+
+
+def coerce_engine_urls(value: Any) -> list[str]:
+    """A settings field's engine URL list from the environment's string (:func:`parse_engine_urls`) or a
+    list given in code (:func:`check_engine_urls`); raises ValueError as they do."""
+    return parse_engine_urls(value) if isinstance(value, str) else check_engine_urls(value)
+
+
+class InvalidSettings(ValueError):
+    """Settings read from the environment that do not validate; the message names each variable.
+
+    ``code`` is ``invalid_setting`` (the CLI prints it and exits 2); ``variables`` the environment variables
+    at fault (e.g. ``["DIARIST_ADMIN_ENGINE_URLS"]``), empty when pydantic-settings could not say which.
+    """
+
+    code = "invalid_setting"
+
+    def __init__(self, message: str, variables: list[str]) -> None:
+        super().__init__(message)
+        self.variables = variables
+
+
+class EnvSettings(BaseSettings):
+    """Base of every settings class read from ``DIARIST_*`` variables: a bad value raises
+    :class:`InvalidSettings` naming the variable (``DIARIST_ADMIN_ENGINE_URLS: ...``), not pydantic's
+    report of a field name the operator never typed."""
+
+    def __init__(self, *args: Any, **values: Any) -> None:
+        try:
+            super().__init__(*args, **values)
+        except ValidationError as e:
+            names, lines = [], []
+            for err in e.errors():
+                field = str(err["loc"][0]) if err["loc"] else ""
+                name = prefix_of(self) + field.upper() if field else type(self).__name__
+                names.append(name)
+                # a credential never reaches the operator's log, even one that failed its check
+                shown = "" if any(w in field for w in ("secret", "key")) else f" (got {err.get('input')!r})"
+                lines.append(f"{name}: {err['msg']}{shown}")
+            raise InvalidSettings("; ".join(lines), names) from None
+        except SettingsError as e:  # a list or dict variable that is not JSON; the message names its field
+            field = re.search(r'field "(\w+)"', str(e))
+            names = [prefix_of(self) + field.group(1).upper()] if field else []
+            where = ", ".join(names) or type(self).__name__
+            raise InvalidSettings(f"{where}: not valid JSON ({e})", names) from None
+
+
+def prefix_of(settings: BaseSettings) -> str:
+    """The environment prefix of ``settings``' variables (``DIARIST_``, ``DIARIST_ADMIN_``)."""
+    return str(settings.model_config.get("env_prefix", "")).upper()
+
+
+class Settings(EnvSettings):
     """Service configuration (all units in the field names: ``_s`` seconds, ``_bytes`` bytes)."""
 
     model_config = SettingsConfigDict(env_prefix="DIARIST_", env_file=None, extra="ignore")
@@ -212,7 +276,7 @@ class Settings(BaseSettings):
     def _engine_urls(cls, value: Any) -> Any:
         """``engine_url`` from a string: a JSON list, or URLs separated by commas (one URL is a list of one);
         each must be ``http(s)://``, a trailing ``/`` is dropped. Raises ValueError on an empty list."""
-        return parse_engine_urls(value) if isinstance(value, str) else check_engine_urls(value)
+        return coerce_engine_urls(value)
 
     def engine_config(self, **overrides: Any) -> EngineConfig:
         """The engine configuration these settings ask for (``overrides`` win: CLI flags). Choices left
@@ -254,16 +318,10 @@ class Settings(BaseSettings):
 
     @property
     def served_model_names(self) -> list[str]:
-        """``served_models``, or its default for the model (see the field)."""
+        """``served_models``, or its default for the model (:func:`default_served_models`)."""
         if self.served_models is not None:
             return self.served_models
-        # "whisper-1" is what OpenAI clients send; every family answers to it
-        if self.model != "whisper":
-            return ["whisper", "whisper-1", self.model]
-        from engine.checkpoints import packaged_whisper
-
-        packaged = packaged_whisper(self.model_path)
-        return ["whisper", "whisper-1", *([packaged.name] if packaged is not None else [])]
+        return default_served_models(self.model, self.model_path)
 
     def worker_threads(self, klass: str) -> int:
         """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or

@@ -9,8 +9,12 @@ Routes:
   :mod:`diarist.contract.events` line per event, then a ``result`` or an ``error`` line. Workers consume it
   (:class:`engine_server.client.HttpEngineClient`).
 - ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
-  diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``).
+  diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``). A ``model`` this
+  server does not serve is 422 ``unknown_model``, as on the main API.
 - ``GET /health``, ``GET /stats`` (engine gauges and counters).
+
+Bad audio is a 422 with its code (``empty_audio`` for a zero-byte upload, ``decode_failed``, ...); no error
+message names a file of this server (uploads are spooled to temporary files).
 
 Many requests run at once (one thread each); the engine batches across them. A request whose client goes
 away (connection closed, or the handler task cancelled) has its engine sequences aborted, which frees
@@ -25,7 +29,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,7 +38,7 @@ from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
 from api import errors
-from api.errors import ApiError
+from api.errors import ApiError, unknown_model
 from api.metrics import engine_metrics_router
 from diarist.contract.errors import CodedError
 from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
@@ -78,16 +82,28 @@ async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
     cancel.set()
 
 
-def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None) -> FastAPI:
+def _public(message: str, source: Path | Any) -> str:
+    """``message`` with the path of the request's spooled upload (``source``, when a Path) replaced: a
+    client never learns this server's file names."""
+    return message.replace(str(source), "<upload>") if isinstance(source, Path) else message
+
+
+def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None,
+                      served_models: Sequence[str] | None = None) -> FastAPI:
     """An app serving ``engine`` (an ``engine.Engine`` whose loop is running).
 
     ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
-    ``ValueError`` unless the engine runs dummy MOSS-TD weights).
+    ``ValueError`` unless the engine runs dummy MOSS-TD weights). ``served_models``: the names the OpenAI
+    route accepts in ``model`` (``Settings.served_model_names``); None: the defaults for the engine's model
+    family and checkpoint (:func:`diarist.settings.default_served_models`).
     """
+    from diarist.settings import default_served_models
     from engine.request import ADMISSION_CLASSES
     from transcription.audio import DecodedAudio
     from transcription.transcriber import Transcriber
 
+    served = list(served_models) if served_models is not None else default_served_models(
+        engine.config.model, engine.config.model_path)
     tr = Transcriber(engine, fixed_output_tokens=fixed_output_tokens)
     app = FastAPI(title="Diarist engine", version="1")
     errors.install(app)
@@ -95,10 +111,16 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
     def run(source: Path | DecodedAudio, opts: TranscribeOptions, on_event: Any, cancel: threading.Event,
             job_id: str | None = None) -> dict:
-        """The transcription's result; raises what :meth:`Transcriber.transcribe` raises (coded errors)."""
-        with job_context(job_id):
-            return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
-                                 on_event=on_event, should_cancel=cancel.is_set)
+        """The transcription's result; raises what :meth:`Transcriber.transcribe` raises (coded errors),
+        their messages without the spooled upload's path."""
+        try:
+            with job_context(job_id):
+                return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
+                                     on_event=on_event, should_cancel=cancel.is_set)
+        except CodedError as e:  # its class and status stay; only the message loses the path
+            e.message = _public(e.message, source)
+            e.args = (e.message,)
+            raise
 
     async def stream(source: Path | DecodedAudio, opts: TranscribeOptions, cancel: threading.Event,
                      job_id: str | None = None) -> AsyncIterator[Line]:
@@ -124,7 +146,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             except Exception as e:  # the stream must end with a line the worker understands
                 with job_context(job_id):
                     log.exception("engine request failed")  # unexpected: the one traceback of it
-                put(ErrorLine("engine_error", f"{type(e).__name__}: {e}"))
+                put(ErrorLine("engine_error", _public(f"{type(e).__name__}: {e}", source)))
             finally:
                 put(_END)
                 if isinstance(source, Path):
@@ -157,6 +179,8 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
         from diarist.transcript import Transcript
 
+        if model not in served:
+            raise unknown_model(model, served)
         if response_format not in OPENAI_FORMATS:
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
         fd, name = tempfile.mkstemp(prefix="diarist-engine-")

@@ -143,14 +143,18 @@ class Transcriber:
             # (torch and ONNX release the interpreter lock), not after it.
             with ThreadPoolExecutor(1, thread_name_prefix="diarist-vad") as pool:
                 t_vad = time.perf_counter()
-                vad = pool.submit(lambda: (self._speech(audio.mono)[0], time.perf_counter() - t_vad))
+                vad = pool.submit(lambda: (self._speech(audio.mono, should_cancel)[0],
+                                           time.perf_counter() - t_vad))
                 result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                          fixed_output_tokens=self.fixed_output_tokens)
-                speech, vad_s = vad.result()
+                try:
+                    speech, vad_s = vad.result()
+                except Canceled:  # the VAD stopped between its blocks: the caller wants no result
+                    speech = vad_s = None
             result["model"] = self.model_name
             result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
             result["family"] = "moss-td"
-            if result["finish_reason"] != FinishReason.ABORT.value:
+            if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:
                 result["speech"] = [[s, e] for s, e in speech]
                 result["metrics"]["vad_s"] = vad_s
         elif opts.multichannel and audio.samples.shape[0] > 1:
@@ -164,14 +168,15 @@ class Transcriber:
         return result
 
     # -- whisper ----------------------------------------------------------------------------------------
-    def _speech(self, wave: np.ndarray) -> tuple[list[tuple[float, float]], Callable[[float, float], float | None]
-                                                  | None]:
+    def _speech(self, wave: np.ndarray, should_cancel: Callable[[], bool] | None = None
+                ) -> tuple[list[tuple[float, float]], Callable[[float, float], float | None] | None]:
         """Speech regions (seconds) and the VAD's confidence over a span (``SpeechAnalysis.confidence``;
-        ``None`` without a VAD, when everything counts as speech)."""
+        ``None`` without a VAD, when everything counts as speech). Raises Canceled when ``should_cancel``
+        says so between the VAD's blocks."""
         try:
             from transcription.audio.vad import analyse_speech
 
-            vad = analyse_speech(wave, device=self.cascade_device)
+            vad = analyse_speech(wave, device=self.cascade_device, should_cancel=should_cancel)
         except ImportError:  # VAD package (silero-vad) not installed: treat everything as speech
             return ([(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []), None
         return vad.regions, vad.confidence
@@ -180,7 +185,10 @@ class Transcriber:
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
         duration = len(wave) / SAMPLE_RATE
         t_vad = time.perf_counter()
-        speech, vad_confidence = self._speech(wave)
+        try:
+            speech, vad_confidence = self._speech(wave, should_cancel)
+        except Canceled:  # stopped between the VAD's blocks: the abort result below, no window submitted
+            speech, vad_confidence = [], None
         vad_s = time.perf_counter() - t_vad
         windows = pack_windows(speech)
         metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),

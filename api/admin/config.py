@@ -6,12 +6,15 @@ Kept apart from :class:`diarist.settings.Settings` because only the API process 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from diarist.settings import EnvSettings, coerce_engine_urls
 
 
-class AdminSettings(BaseSettings):
+class AdminSettings(EnvSettings):
     """``session_ttl_s`` seconds; ``engine_urls`` the engine servers whose ``/stats`` the dashboard shows."""
 
     model_config = SettingsConfigDict(env_prefix="DIARIST_ADMIN_", env_file=None, extra="ignore")
@@ -22,13 +25,27 @@ class AdminSettings(BaseSettings):
     session_ttl_s: int = Field(12 * 3600, description="A login lasts this long.")
     cookie_secure: bool = Field(True, description="Send the session cookie over HTTPS only (browsers also "
                                                   "accept it on http://localhost).")
-    engine_urls: list[str] | None = Field(None, description="Engine servers to show; default [DIARIST_ENGINE_URL].")
+    engine_urls: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="Engine servers whose /stats the dashboard, /metrics and /readyz show: comma-separated "
+        "URLs or a JSON list, as DIARIST_ENGINE_URL; default DIARIST_ENGINE_URL's.")
     engine_timeout_s: float = Field(1.0, description="How long the dashboard and /metrics wait for one engine's "
                                     "/stats before showing it down.")
     page_size: int = Field(50, description="Jobs per page of the jobs table.")
     refresh_s: float = Field(5.0, description="How often the overview polls for fresh numbers.")
 
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _engine_urls(cls, value: Any) -> Any:
+        """The same forms and checks as ``DIARIST_ENGINE_URL`` (:func:`diarist.settings.parse_engine_urls`)."""
+        return None if value is None else coerce_engine_urls(value)
+
 
 @lru_cache
 def get_admin_settings() -> AdminSettings:
+    """The process's dashboard settings, read once; :func:`api.app.create_app` reads them at startup so a
+    bad value stops the API there.
+
+    Raises:
+        diarist.settings.InvalidSettings: a ``DIARIST_ADMIN_*`` value that does not validate.
+    """
     return AdminSettings()

@@ -47,8 +47,9 @@ def _engine_servers(request: Request) -> tuple[str | None, list[str]]:
 
     try:
         stats = engines.engine_stats(request.app)
-    except Exception:  # noqa: BLE001 - an engine that cannot report is reported as down, never a 500
-        stats = {}
+    except Exception as e:  # noqa: BLE001 - a failed look is reported as such, never a 500 nor dropped
+        in_process = getattr(request.app.state, "engine_ready", None) is not None
+        return (None if in_process else f"error: {type(e).__name__}: {e}"[:300]), []
     random = sorted(k for k, v in stats.items() if v and v.get("random_weights"))
     if getattr(request.app.state, "engine_ready", None) is not None or not stats:
         return None, random

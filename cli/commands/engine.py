@@ -44,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
                                      load_format=args.load_format))
     engine.start()
-    app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}")
+    # the names the OpenAI route accepts: DIARIST_SERVED_MODELS, else those of the model --model loaded
+    names = st.model_copy(update={"model": args.model or st.model,
+                                  "model_path": args.model_path or st.model_path}).served_model_names
+    app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}", served_models=names)
     c = engine.config
     print(f"Diarist engine ({device}, {c.dtype}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "

@@ -30,10 +30,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.admin.config import get_admin_settings
     from diarist.logs import configure_logging
     from diarist.settings import Settings
 
     st = Settings()
+    get_admin_settings()  # here, before any process starts: uvicorn's --workers children build the app
     configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.host, args.port or st.port
     if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):

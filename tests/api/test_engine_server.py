@@ -19,8 +19,11 @@ pytestmark = pytest.mark.slow
 def engine_client(stack):
     from engine_server.server import create_engine_app
 
-    # The stack keeps the session engine's loop running for the whole module.
-    with TestClient(create_engine_app(stack.engine, engine_id="test-engine")) as c:
+    # The stack keeps the session engine's loop running for the whole module; the served names are the
+    # stack's settings', as ``diarist engine`` passes them.
+    app = create_engine_app(stack.engine, engine_id="test-engine",
+                            served_models=stack.services.settings.served_model_names)
+    with TestClient(app) as c:
         yield c
 
 
@@ -54,6 +57,44 @@ def test_openai_route_on_the_engine(engine_client):
         r = engine_client.post("/v1/audio/transcriptions", files={"file": ("jfk.flac", f)},
                                data={"model": "whisper", "response_format": "text"})
     assert r.status_code == 200 and "ask not" in r.text.lower()
+
+
+def test_openai_route_on_the_engine_refuses_an_unknown_model_as_the_main_api_does(engine_client, client):
+    """The same 422 ``unknown_model`` and message as the main API's route; a served name is taken (an empty
+    upload then gets past the model check to the audio's own error)."""
+    def post(c, model: str):
+        return c.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"")}, data={"model": model})
+
+    engine, main = post(engine_client, "gpt-9-transcribe"), post(client, "gpt-9-transcribe")
+    assert engine.status_code == main.status_code == 422
+    assert engine.json() == main.json()
+    assert engine.json()["error"]["code"] == "unknown_model" and "whisper-1" in engine.json()["error"]["message"]
+    for served in ("whisper-1", "tiny.en"):
+        assert post(engine_client, served).json()["error"]["code"] == "empty_audio"
+
+
+def test_bad_uploads_are_4xx_with_no_server_path_in_the_message(engine_client):
+    """A zero-byte or non-audio upload is a 422 with the intake's codes, on both routes; the message never
+    names the temporary file it was spooled to."""
+    for body, code in ((b"", "empty_audio"), (b"not audio at all", "decode_failed")):
+        r = engine_client.post("/v1/audio/transcriptions", files={"file": ("a.wav", body)},
+                               data={"model": "whisper"})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code
+        with engine_client.stream("POST", "/internal/transcribe", content=body) as s:
+            last = [json.loads(x) for x in s.iter_lines() if x][-1]
+        assert (last["type"], last["code"]) == ("error", code)
+        for message in (r.json()["error"]["message"], last["message"]):
+            assert "/tmp" not in message and "diarist-engine-" not in message and "/" not in message
+    assert r.json()["error"]["message"] == "could not open the input as a media file (Invalid data found " \
+                                           "when processing input)"
+
+
+def test_no_path_survives_in_an_engine_error_message(tmp_path):
+    from engine_server.server import _public
+
+    upload = tmp_path / "diarist-engine-abc123"
+    assert _public(f"[Errno 2] No such file: '{upload}'", upload) == "[Errno 2] No such file: '<upload>'"
+    assert _public("fine", None) == "fine"
 
 
 def test_http_client_maps_a_dead_server_to_an_engine_outage(tmp_path):

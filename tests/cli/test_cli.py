@@ -19,7 +19,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize(("content", "code"), [(b"just some text\n" * 10, "decode_failed"), (b"", "decode_failed")])
+@pytest.mark.parametrize(("content", "code"), [(b"just some text\n" * 10, "decode_failed"), (b"", "empty_audio")])
 def test_transcribe_bad_input_is_one_line_and_status_2(tmp_path, capsys, content, code):
     f = tmp_path / "input.wav"
     f.write_bytes(content)

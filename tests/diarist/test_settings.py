@@ -28,13 +28,57 @@ def test_defaults(monkeypatch, tmp_path):
     assert Settings(embedded=True, auth=True).auth_enabled
 
 
-def test_invalid_values_are_rejected(monkeypatch):
-    import pydantic
+def test_invalid_values_are_rejected_naming_the_variable(monkeypatch):
     import pytest
 
+    from diarist.settings import InvalidSettings
+
     monkeypatch.setenv("DIARIST_STORAGE", "ftp")
-    with pytest.raises(pydantic.ValidationError):
+    monkeypatch.setenv("DIARIST_PORT", "eighty")
+    with pytest.raises(InvalidSettings) as e:
         Settings()
+    assert e.value.code == "invalid_setting" and e.value.variables == ["DIARIST_STORAGE", "DIARIST_PORT"]
+    assert str(e.value).startswith("DIARIST_STORAGE: Input should be 'local' or 's3' (got 'ftp'); DIARIST_PORT: ")
+    monkeypatch.delenv("DIARIST_STORAGE")
+    monkeypatch.delenv("DIARIST_PORT")
+    monkeypatch.setenv("DIARIST_WEBHOOK_ALLOW_HOSTS", "10.0.0.1,")  # a list field that is not JSON
+    with pytest.raises(InvalidSettings) as e:
+        Settings()
+    assert e.value.variables == ["DIARIST_WEBHOOK_ALLOW_HOSTS"]
+    assert str(e.value).startswith("DIARIST_WEBHOOK_ALLOW_HOSTS: not valid JSON")
+
+
+def test_a_rejected_credential_is_not_echoed(monkeypatch):
+    import pytest
+
+    from api.admin.config import AdminSettings
+    from diarist.settings import InvalidSettings
+
+    with pytest.raises(InvalidSettings) as e:
+        AdminSettings(session_secret=["hunter2-not-a-string"])
+    assert e.value.variables == ["DIARIST_ADMIN_SESSION_SECRET"] and "hunter2" not in str(e.value)
+
+
+def test_admin_engine_urls_take_the_engine_url_forms(monkeypatch):
+    """``DIARIST_ADMIN_ENGINE_URLS`` reads like ``DIARIST_ENGINE_URL``: comma-separated or JSON; anything
+    else is an error naming the variable when the settings are read (the API's startup)."""
+    import pytest
+
+    from api.admin.config import AdminSettings
+    from diarist.settings import InvalidSettings
+
+    monkeypatch.delenv("DIARIST_ADMIN_ENGINE_URLS", raising=False)
+    assert AdminSettings().engine_urls is None
+    for raw in ("http://gpu-0:8100/, http://gpu-1:8100", '["http://gpu-0:8100", "http://gpu-1:8100"]'):
+        monkeypatch.setenv("DIARIST_ADMIN_ENGINE_URLS", raw)
+        assert AdminSettings().engine_urls == ["http://gpu-0:8100", "http://gpu-1:8100"]
+    for bad, why in (("gpu-0:8100", "must start with http://"), ('["http://a:1", 3]', "list of strings"),
+                     ('["http://a:1"', "Expecting"), (" , ", "no engine URL")):
+        monkeypatch.setenv("DIARIST_ADMIN_ENGINE_URLS", bad)
+        with pytest.raises(InvalidSettings) as e:
+            AdminSettings()
+        assert e.value.variables == ["DIARIST_ADMIN_ENGINE_URLS"] and why in str(e.value)
+        assert str(e.value).startswith("DIARIST_ADMIN_ENGINE_URLS: ")
 
 
 def test_every_setting_is_documented():
@@ -83,8 +127,9 @@ def test_worker_threads_fill_the_engine_rows(monkeypatch):
 def test_engine_url_takes_one_url_or_a_list_own_engine_first(monkeypatch):
     """DIARIST_ENGINE_URL: one URL (a list of one), URLs separated by commas, or a JSON list; order kept (the
     worker's own engine first), trailing slashes dropped; anything but http(s) URLs is refused."""
-    import pydantic
     import pytest
+
+    from diarist.settings import InvalidSettings
 
     monkeypatch.delenv("DIARIST_ENGINE_URL", raising=False)
     assert Settings().engine_url == ["http://127.0.0.1:8100"]
@@ -96,5 +141,6 @@ def test_engine_url_takes_one_url_or_a_list_own_engine_first(monkeypatch):
     assert Settings(engine_url="http://a:1").engine_url == ["http://a:1"]
     for bad in ("", "gpu-0:8100", '["http://a:1", 3]', " , "):
         monkeypatch.setenv("DIARIST_ENGINE_URL", bad)
-        with pytest.raises(pydantic.ValidationError):
+        with pytest.raises(InvalidSettings) as e:
             Settings()
+        assert e.value.variables == ["DIARIST_ENGINE_URL"]

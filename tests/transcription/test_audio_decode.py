@@ -67,3 +67,20 @@ def test_bytes_and_broken_files_take_the_pyav_path_and_its_error_codes(tmp_path)
     with pytest.raises(dec.AudioError) as e:
         dec.decode_audio(junk)
     assert e.value.code == "decode_failed"
+
+
+@pytest.mark.parametrize("as_str", [False, True])
+def test_a_zero_byte_input_is_empty_audio_and_no_message_names_the_file(tmp_path, as_str):
+    """Zero bytes is ``empty_audio`` (the API's intake code), not an FFmpeg open failure; FFmpeg's messages
+    are given without the file name it appends (a server's temporary path must not reach a client)."""
+    zero = tmp_path / "upload-zero"
+    zero.write_bytes(b"")
+    for source in (str(zero) if as_str else zero, b"", io.BytesIO(b"")):
+        with pytest.raises(dec.AudioError) as e:
+            dec.decode_audio(source)
+        assert (e.value.code, e.value.message) == ("empty_audio", "the file is empty")
+    junk = tmp_path / "upload-junk"
+    junk.write_bytes(b"just some text\n" * 10)
+    with pytest.raises(dec.AudioError) as e:
+        dec.decode_audio(str(junk) if as_str else junk)
+    assert e.value.code == "decode_failed" and str(tmp_path) not in e.value.message and "upload-" not in e.value.message

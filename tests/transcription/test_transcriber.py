@@ -90,11 +90,10 @@ def test_multichannel_labels_by_channel(tr):
 
 
 def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
-    calls = []
+    steps = whisper_engine.counters["steps"]
 
     def should_cancel():
-        calls.append(1)
-        return len(calls) > 3  # after a few polls: mid-decode
+        return whisper_engine.counters["steps"] > steps + 2  # mid-decode: the engine has stepped the windows
 
     r = tr.transcribe(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), TranscribeOptions(diarize=False),
                       should_cancel=should_cancel)
@@ -108,7 +107,8 @@ def test_cancel_before_the_windows_are_submitted_sends_nothing_to_the_engine(tr,
     steps = whisper_engine.counters["steps"]
     r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"), should_cancel=lambda: True)
     assert r["finish_reason"] == "abort" and r["incomplete"] is True and r["segments"] == []
-    assert r["no_speech"] is False and r["metrics"]["windows"] >= 1  # there was speech; it was not decoded
+    # the VAD stopped at its first block (tests/transcription/test_vad_cancel.py): no window was made
+    assert r["no_speech"] is False and r["metrics"]["windows"] == 0
     assert r["metrics"]["prompt_tokens"] == 0 and whisper_engine.counters["steps"] == steps
 
 def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine):

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,11 @@ from worker.webhooks import verify
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 FINAL = ("completed", "failed", "canceled")
+LEASE_S = 120
+"""Longer than any stall a loaded machine puts between two renewals of a live worker (lease_s / 4 apart):
+with a lease of a few seconds, a renewal held up under load let a sweeper hand a live job to a second
+attempt (three attempts, or a message redelivered after the visibility timeout claimed it). A dead worker's
+lease is expired by the test itself (:func:`expire_lease`) rather than waited out."""
 
 
 class Proc:
@@ -68,7 +74,7 @@ def prod(tmp_path_factory):
                "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t", "DIARIST_AUTH": "true",
                "DIARIST_ENGINE_URL": f"http://127.0.0.1:{eport}", "DIARIST_ENGINE_PORT": str(eport),
                "DIARIST_WEBHOOK_ALLOW_HOSTS": '["127.0.0.1"]', "DIARIST_VISIBILITY_TIMEOUT_S": "6",
-               "DIARIST_LEASE_S": "4", "DIARIST_SWEEP_INTERVAL_S": "1",
+               "DIARIST_LEASE_S": str(LEASE_S), "DIARIST_SWEEP_INTERVAL_S": "1",
                "DIARIST_ENGINE_ATTEMPTS": "30", "DIARIST_ENGINE_RETRY_DELAY_S": "1",
                "DIARIST_ENGINE_KV_BUDGET_BYTES": str(256 << 20), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": "16",
                "OMP_NUM_THREADS": "1"}
@@ -84,7 +90,7 @@ def prod(tmp_path_factory):
         wait_port(eport, 300)
         client = httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=60,
                               headers={"Authorization": f"Bearer {key['token']}"})
-        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker}
+        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker, "db": db}
         client.close()
     finally:
         for p in procs.values():
@@ -123,20 +129,58 @@ def test_ready_and_a_job_completes(prod, receiver_server):
     assert verify(prod["key"]["webhook_secret"], headers, body)  # signed with this key's own secret
 
 
+def expire_lease(db, job_id: str, pid: int) -> None:
+    """Move the lease of ``job_id``'s running attempt, which must belong to the (dead) process ``pid``, into
+    the past: what ``lease_s`` of wall time does to a dead worker's lease, without waiting for it."""
+    from sqlalchemy import select, update
+
+    from diarist.models import Job, utcnow
+
+    with db.session() as s:
+        status, owner = s.execute(select(Job.status, Job.lease_owner).where(Job.id == job_id)).one()
+        assert status == "processing" and owner.split(":")[1] == str(pid), (status, owner, pid)
+        res = s.execute(update(Job).where(Job.id == job_id, Job.lease_owner == owner)
+                        .values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        assert res.rowcount == 1
+
+
+def settled_webhooks(db, job_id: str, timeout_s: float = 120.0) -> list[tuple[str, str]]:
+    """``(event, state)`` of the job's outbox messages once none can be sent again (delivered or failed)."""
+    from sqlalchemy import select
+
+    from diarist.models import WebhookOutbox
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with db.session() as s:
+            rows = [tuple(r) for r in s.execute(select(WebhookOutbox.event, WebhookOutbox.state)
+                                                .where(WebhookOutbox.job_id == job_id))]
+        if (rows and all(state in ("delivered", "failed") for _e, state in rows)) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
+
+
 def test_worker_killed_mid_job_completes_exactly_once(prod, receiver_server):
-    c, procs = prod["client"], prod["procs"]
+    from diarist.db import Database
+
+    c, procs, db = prod["client"], prod["procs"], Database(prod["db"])
     n_before = len(receiver_server.calls)
     job_id = submit(prod, "en_2spk_phonecall_pyannote_sample/sample.wav", webhook_url=receiver_server.url)
     assert wait_status(c, job_id, ("processing", *FINAL))["status"] == "processing"
+    pid = procs["short"].p.pid
     procs["short"].kill()  # SIGKILL: no ack, no cleanup
-    procs["short"].start()
-    job = wait_status(c, job_id, FINAL)
-    assert job["status"] == "completed", (job, procs["short"].tail())
-    assert job["attempts"] == 2  # re-driven once (lease expired or message redelivered), and the row counted it
-    calls = receiver_server.wait(n_before + 1)
-    time.sleep(2)  # a duplicate completion would notify again
+    try:
+        expire_lease(db, job_id, pid)  # still processing, under the dead process's lease
+        procs["short"].start()
+        job = wait_status(c, job_id, FINAL)
+        assert job["status"] == "completed", (job, procs["short"].tail())
+        assert job["attempts"] == 2  # re-driven once (the sweeper, or the message redelivered), and counted
+        # Final: no attempt can complete it again; once its outbox settles no message can be sent again.
+        assert settled_webhooks(db, job_id) == [("job.completed", "delivered")]
+    finally:
+        db.dispose()
     mine = [json.loads(b) for _h, b in receiver_server.calls[n_before:] if json.loads(b)["data"]["id"] == job_id]
-    assert len(mine) == 1 and mine[0]["type"] == "job.completed", calls
+    assert len(mine) == 1 and mine[0]["type"] == "job.completed", receiver_server.calls[n_before:]
 
 
 def test_engine_killed_mid_job_is_retried(prod):

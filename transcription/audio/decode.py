@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,15 +161,40 @@ def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     return out
 
 
+def _reason(e: Exception) -> str:
+    """What went wrong, without the file name FFmpeg appends (a server's temporary path must never reach
+    a client; the caller knows which file it passed)."""
+    return getattr(e, "strerror", None) or type(e).__name__
+
+
+def _size(source: Source) -> int | None:
+    """Bytes in ``source`` when that is known without reading it (a file, an in-memory buffer), else None
+    (a missing file is left to PyAV, which reports it as before)."""
+    if isinstance(source, (str, Path)):
+        return os.path.getsize(source) if os.path.isfile(source) else None
+    if isinstance(source, io.BytesIO):
+        return source.getbuffer().nbytes - source.tell()
+    return None
+
+
 def _open(source: Source) -> av.container.InputContainer:
+    """The container of ``source``.
+
+    Raises:
+        AudioError: ``empty_audio`` for a zero-byte input (the code the API's intake gives), else
+            ``decode_failed``.
+        FileNotFoundError: (PyAV's) no such file.
+    """
     if isinstance(source, bytes):
         source = io.BytesIO(source)
+    if _size(source) == 0:
+        raise AudioError("empty_audio", "the file is empty")
     try:
         return av.open(source if not isinstance(source, Path) else str(source), mode="r", metadata_errors="ignore")
     except av.error.FileNotFoundError:
         raise
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as e:
-        raise AudioError("decode_failed", f"could not open the input as a media file: {e}") from None
+        raise AudioError("decode_failed", f"could not open the input as a media file ({_reason(e)})") from None
 
 
 def _finite_frame(frame: av.AudioFrame) -> tuple[av.AudioFrame, int, int]:
@@ -229,7 +255,8 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
                 chunks.append(out.to_ndarray())
         except (av.error.FFmpegError, ValueError) as e:
             if not chunks:
-                raise AudioError("decode_failed", f"the audio stream could not be decoded: {e}") from None
+                raise AudioError("decode_failed",
+                                 f"the audio stream could not be decoded ({_reason(e)})") from None
             # A truncated tail: keep what decoded (FFmpeg's own behaviour for damaged files).
         try:
             check_nonfinite(nonfinite, values)

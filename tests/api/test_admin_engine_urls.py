@@ -1,0 +1,116 @@
+"""``DIARIST_ADMIN_ENGINE_URLS`` (the engines ``/readyz``, ``/metrics`` and the dashboard look at): read at
+startup in the forms of ``DIARIST_ENGINE_URL``; a bad value stops the API with an error naming it, and a
+failed look at the engines is reported, never a dropped check or a 500."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.admin.config import get_admin_settings
+from diarist.settings import InvalidSettings
+
+DOWN = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # discard and an unassigned port: nothing answers
+
+
+@pytest.fixture
+def admin_env(monkeypatch):
+    """Set ``DIARIST_ADMIN_ENGINE_URLS`` for one test; the cached admin settings are re-read around it."""
+    def set_urls(raw: str) -> None:
+        monkeypatch.setenv("DIARIST_ADMIN_ENGINE_URLS", raw)
+        get_admin_settings.cache_clear()
+
+    get_admin_settings.cache_clear()
+    yield set_urls
+    monkeypatch.delenv("DIARIST_ADMIN_ENGINE_URLS", raising=False)
+    get_admin_settings.cache_clear()
+
+
+def services_for(tmp_path):
+    from diarist.services import Services
+    from diarist.settings import Settings
+
+    st = Settings.model_validate({**Settings().model_dump(), "embedded": False, "auth": False,
+                                  "database_url": f"sqlite:///{tmp_path / 'db.sqlite3'}", "data_dir": tmp_path,
+                                  "engine_url": "http://127.0.0.1:9"})
+    return Services.from_settings(st, migrate=True)
+
+
+class Broker:
+    def ping(self) -> None:
+        return None
+
+
+def test_comma_separated_engines_are_checked_by_readyz_and_metrics(tmp_path, admin_env):
+    from api.app import create_app
+
+    admin_env(f"{DOWN[0]}, {DOWN[1]}/")
+    svc = services_for(tmp_path)
+    svc.dispatcher = Broker()
+    try:
+        with TestClient(create_app(svc)) as c:
+            ready, metrics = c.get("/readyz"), c.get("/metrics")
+    finally:
+        svc.close()
+    assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+    assert ready.json()["checks"]["engine"] == f"error: not answering: {DOWN[1]}, {DOWN[0]}"  # sorted
+    assert metrics.status_code == 200
+    up = {s.labels["engine"]: s.value for f in text_string_to_metric_families(metrics.text)
+          if f.name == "diarist_engine_up" for s in f.samples}
+    assert up == {DOWN[0]: 0.0, DOWN[1]: 0.0}
+
+
+@pytest.mark.parametrize("raw", ["127.0.0.1:8100", '["http://127.0.0.1:8100"', '{"a": "http://x:1"}'])
+def test_a_bad_value_stops_the_api_at_startup_naming_the_variable(tmp_path, admin_env, raw):
+    from api.app import create_app
+
+    admin_env(raw)
+    svc = services_for(tmp_path)
+    try:
+        with pytest.raises(InvalidSettings) as e:
+            create_app(svc)
+    finally:
+        svc.close()
+    assert e.value.variables == ["DIARIST_ADMIN_ENGINE_URLS"]
+    assert str(e.value).startswith("DIARIST_ADMIN_ENGINE_URLS: ")
+
+
+def test_diarist_serve_refuses_a_bad_value_before_listening(admin_env, capsys, monkeypatch):
+    import uvicorn
+
+    from cli.main import main
+
+    def serve(*_a, **_k):
+        raise AssertionError("diarist serve started listening with a bad DIARIST_ADMIN_ENGINE_URLS")
+
+    monkeypatch.setattr(uvicorn, "run", serve)
+    admin_env("gpu-0:8100")
+    assert main(["serve", "--port", "9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("diarist: error: invalid_setting: DIARIST_ADMIN_ENGINE_URLS: ")
+    assert "must start with http:// or https://" in err and "Traceback" not in err
+
+
+def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_env, monkeypatch):
+    """Whatever goes wrong reading the engines' stats, /readyz says so under ``engine`` and /metrics answers
+    (without engine series)."""
+    from api.admin import engines
+    from api.app import create_app
+
+    def broken(_app):
+        raise RuntimeError("stats table corrupt")
+
+    admin_env(DOWN[0])
+    monkeypatch.setattr(engines, "engine_stats", broken)
+    svc = services_for(tmp_path)
+    svc.dispatcher = Broker()
+    try:
+        with TestClient(create_app(svc)) as c:
+            ready, metrics = c.get("/readyz"), c.get("/metrics")
+    finally:
+        svc.close()
+    assert ready.json()["status"] == "degraded"
+    assert ready.json()["checks"]["engine"] == "error: RuntimeError: stats table corrupt"
+    assert metrics.status_code == 200 and "diarist_jobs{" in metrics.text
+    assert "diarist_engine_up{" not in metrics.text
