@@ -35,8 +35,9 @@ class Engine:
     """Continuous-batching inference engine.
 
     Use it inline (``submit`` then ``run_until_done``) or with a background loop (``start``); ``submit`` and
-    ``abort`` are thread-safe. Events reach each :class:`Sequence` through its ``on_event`` callback, called
-    from the loop thread.
+    ``abort`` are thread-safe. Steps run in :class:`engine.step_loop.StepLoop`. Events of a :class:`Sequence`
+    with an :class:`~engine.request.EventInbox` reach its ``on_event`` on the thread that waits
+    (:meth:`run_until_done`); without one, ``on_event`` is called from the loop thread.
 
     The configuration is resolved for the device and checkpoint first (:func:`engine.resolve.resolve_config`);
     ``self.config`` is the resolved one.
