@@ -54,6 +54,11 @@ def long_recording(tmp_path_factory) -> tuple[Path, int]:
     return path, n_windows
 
 
+HANG_S = 10.0
+"""Seconds from a cancel to an idle engine beyond which the cancel is taken to have hung; not a speed
+figure (an uncanceled three minutes of speech keeps the engine busy far longer)."""
+
+
 def idle(engine) -> bool:
     s = engine.stats()
     return s["running_requests"] == 0 and s["waiting_requests"] == 0 and s["kv_tokens_used"] == 0
@@ -177,7 +182,9 @@ def test_a_cancel_from_another_thread_unblocks_a_silent_stream(engine_server, lo
         HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, cancel=token)
     watcher.join(timeout=70)
     assert e.value.code == "canceled" and not e.value.retryable
-    assert marks["idle"] - marks["cancel"] < 2.0, marks  # a bound on a hang, not a speed measurement
+    # assert_request_dropped proves the cancel (windows aborted, not run out); this bounds a hang, loosely
+    # enough for a loaded 2-core machine (one CPU step over a batch of windows can take seconds there)
+    assert marks["idle"] - marks["cancel"] < HANG_S, marks
     assert_request_dropped(engine, free0, finished0, n_windows)
 
 

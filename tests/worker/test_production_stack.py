@@ -234,9 +234,10 @@ def ninety_seconds(tmp_path_factory) -> Path:
     return path
 
 
-ENGINE_DROP_S = 2.0
-"""Bound from the DELETE to an idle engine: the worker's row poll (DIARIST_CANCEL_POLL_S, 0.5 s) plus one
-engine step; the old worker noticed a cancel only at a progress write after a window had finished."""
+ENGINE_DROP_S = 10.0
+"""Bound on a hang from the DELETE to an idle engine (the worker's row poll, DIARIST_CANCEL_POLL_S 0.5 s,
+plus one engine step, which on a loaded 2-core machine can take seconds). That the cancel reached the engine
+is shown by the windows it aborted (finished fewer than submitted), not by this bound."""
 
 
 def test_cancel_through_the_api_stops_the_engine_sequences(prod, ninety_seconds):
@@ -254,7 +255,7 @@ def test_cancel_through_the_api_stops_the_engine_sequences(prod, ninety_seconds)
     while not ((s := stats())["running_requests"] > 0 and s["decode_tokens"] > decode0):
         assert time.monotonic() < deadline, (s, prod["procs"]["short"].tail())
         time.sleep(0.05)
-    running = s["running_requests"]
+    running, finished0 = s["running_requests"], s["finished"]
     r = c.delete(f"/v1/jobs/{job_id}")
     t_cancel = time.monotonic()
     assert r.status_code == 200 and r.json()["status"] == "canceled", r.text
@@ -264,6 +265,7 @@ def test_cancel_through_the_api_stops_the_engine_sequences(prod, ninety_seconds)
     dropped_after = time.monotonic() - t_cancel
     assert dropped_after < ENGINE_DROP_S, (dropped_after, running, prod["procs"]["short"].tail())
     assert s["decode_tokens"] > decode0 and running >= 1
+    assert s["finished"] - finished0 < running  # the windows running at the cancel were aborted, not run out
     job = c.get(f"/v1/jobs/{job_id}").json()
     assert (job["status"], job["error"]["code"]) == ("canceled", "canceled")
 
