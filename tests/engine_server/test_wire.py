@@ -3,9 +3,7 @@ for the server: the request's headers, checked events, and a malformed line as a
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
 
@@ -23,6 +21,7 @@ from engine_server.protocol import (
     request_headers,
 )
 from tests.conftest import wav_bytes
+from tests.stand_in_engine import stand_in_engine
 from tests.worker.fakes import engine_result
 
 FMT = PcmFormat(channels=1, frames=1600, sample_rate=16_000, source_sample_rate=44_100, source_channels=2,
@@ -61,27 +60,8 @@ def test_a_bad_request_is_refused_by_its_headers(headers, code, says):
 def stand_in():
     """A loopback server that answers ``POST /internal/transcribe`` with the NDJSON lines in ``lines``."""
     lines: list[str] = []
-    seen: list[dict] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen.append({k.lower(): v for k, v in self.headers.items()})
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            body = "".join(line + "\n" for line in lines).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/x-ndjson")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", lines, seen
-    srv.shutdown()
-    srv.server_close()
+    with stand_in_engine(lambda: lines) as (url, seen):
+        yield url, lines, seen
 
 
 def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(stand_in, tmp_path):
@@ -98,8 +78,8 @@ def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(st
     assert events == [("queued", {"duration": 0.5}), ("started", {}), ("delta", {"text": "hello"}),
                       ("segment", {"start": 0.0, "end": None, "text": "hello", "speaker": "S01"})]
     assert out["segments"] == engine_result()["segments"] and out["metrics"]["worker_decode_s"] >= 0
-    assert json.loads(seen[0][OPTIONS_HEADER]) == {"language": "en"}
-    assert (seen[0][ADMISSION_CLASS_HEADER], seen[0][PROTOCOL_HEADER]) == ("short", str(PROTOCOL_VERSION))
+    assert json.loads(seen[0]["headers"][OPTIONS_HEADER]) == {"language": "en"}
+    assert (seen[0]["headers"][ADMISSION_CLASS_HEADER], seen[0]["headers"][PROTOCOL_HEADER]) == ("short", str(PROTOCOL_VERSION))
 
 
 @pytest.mark.parametrize(("line", "says"), [

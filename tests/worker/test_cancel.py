@@ -87,41 +87,20 @@ def test_token_runs_each_callback_once_even_when_added_late():
 def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     """The prompt must not reach any access log: the worker sends options (and the job id, for the engine's
     log lines) as headers; the URL is the bare path."""
-    import http.server
     import json
 
     from diarist.logs import job_context
     from engine_server.client import HttpEngineClient
+    from tests.stand_in_engine import stand_in_engine
     from tests.worker.fakes import engine_result
 
-    seen: dict = {}
-
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen["path"], seen["headers"] = self.path, {k.lower(): v for k, v in self.headers.items()}
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            # a well-formed result (diarist.contract.result.check_result), with no segments
-            body = json.dumps({"type": "result", "result": {**engine_result(), "segments": []}}).encode() + b"\n"
-            self.send_response(200)
-            self.send_header("content-type", "application/x-ndjson")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    # a well-formed result (diarist.contract.result.check_result), with no segments
+    result = [{"type": "result", "result": {**engine_result(), "segments": []}}]
     audio = tmp_path / "a.wav"
     audio.write_bytes(wav_bytes(0.5))
-    try:
-        with job_context("job_" + "0" * 32):
-            out = HttpEngineClient(f"http://127.0.0.1:{srv.server_address[1]}").transcribe(
-                audio, {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2})
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with stand_in_engine(lambda: result) as (url, requests), job_context("job_" + "0" * 32):
+        out = HttpEngineClient(url).transcribe(audio, {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2})
+    seen = requests[0]
     assert out["segments"] == [] and out["metrics"]["worker_decode_s"] >= 0
     assert seen["path"] == "/internal/transcribe"
     # the worker decoded the file: the body is its samples, described by the PCM header

@@ -3,9 +3,7 @@ an engine that dropped a running request is the job service's retry, not a failo
 
 from __future__ import annotations
 
-import http.server
 import io
-import json
 import threading
 
 import pytest
@@ -14,6 +12,7 @@ from diarist.models import Job
 from diarist.outages import Dependency
 from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import wav_bytes
+from tests.stand_in_engine import stand_in_engine
 from tests.worker.fakes import engine_result
 from worker.engine_pool import EnginePool, engine_client
 
@@ -163,29 +162,10 @@ def test_factory_keeps_one_url_a_plain_client():
 @pytest.fixture
 def live_engine():
     """A loopback server speaking the engine's NDJSON stream: a segment, then a result naming it."""
-    seen: list[dict] = []
-
-    class Engine(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            seen.append({k.lower(): v for k, v in self.headers.items()})
-            self.rfile.read(int(self.headers.get("content-length", 0)))
-            lines = [{"type": "segment", "start": 0.0, "end": 0.5, "text": "hello"},
-                     {"type": "result", "result": {**engine_result(), "engine_id": "live:1"}}]
-            body = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-            self.send_response(200)
-            self.send_header("content-type", "application/x-ndjson")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a) -> None:
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", seen
-    srv.shutdown()
-    srv.server_close()
+    lines = [{"type": "segment", "start": 0.0, "end": 0.5, "text": "hello"},
+             {"type": "result", "result": {**engine_result(), "engine_id": "live:1"}}]
+    with stand_in_engine(lambda: lines) as (url, seen):
+        yield url, seen
 
 
 def test_a_job_whose_engine_is_dead_completes_on_the_other_in_one_attempt(services, make_job, live_engine):
@@ -204,4 +184,4 @@ def test_a_job_whose_engine_is_dead_completes_on_the_other_in_one_attempt(servic
     with services.db.session() as s:
         row = s.get(Job, job_id)
         assert (row.status, row.attempts, row.metrics.engine_id) == ("completed", 1, "live:1")
-    assert [h["x-diarist-admission-class"] for h in seen] == ["long"]
+    assert [r["headers"]["x-diarist-admission-class"] for r in seen] == ["long"]

@@ -1,0 +1,47 @@
+"""A loopback HTTP server standing in for the engine server: it answers every POST with NDJSON lines.
+
+Tests of the worker's side of the wire (``engine_server.client``, the engine pool, cancellation) use it
+where a real engine server would only add minutes of model work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def stand_in_engine(lines: Callable[[], list[Any]]) -> Iterator[tuple[str, list[dict]]]:
+    """Serve on 127.0.0.1 (a free port) until the block exits.
+
+    ``lines()`` is called for each request and gives the response lines: a ``str`` is sent as it is, anything
+    else as ``json.dumps``; each line ends with a newline. Yields ``(base_url, seen)``, where ``seen`` gets
+    ``{"path", "headers"}`` (header names lowercased) for each request, after its body has been read.
+    """
+    seen: list[dict] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
+            body = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines()).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-ndjson")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
