@@ -14,6 +14,8 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from diarist.outages import Dependency, DependencyUnavailable
+
 CHUNK = 1 << 20
 
 
@@ -61,15 +63,27 @@ class LocalStore:
         return self.root / _check_key(key)
 
     def put_file(self, key: str, fileobj: BinaryIO) -> int:
+        """Raises :class:`~diarist.outages.DependencyUnavailable` (storage) when the directory cannot be
+        written (permissions, read-only or full filesystem): the store is down, not the request at fault."""
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write then rename, so a reader never sees a half-written object.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Write then rename, so a reader never sees a half-written object.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+        except OSError as e:
+            raise _unwritable(e) from e
         try:
             with os.fdopen(fd, "wb") as out:
-                shutil.copyfileobj(fileobj, out, CHUNK)
+                while chunk := fileobj.read(CHUNK):  # a read error is the source's, not the store's
+                    try:
+                        out.write(chunk)
+                    except OSError as e:
+                        raise _unwritable(e) from e
                 size = out.tell()
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise _unwritable(e) from e
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -105,8 +119,20 @@ class LocalStore:
         return n
 
     def ping(self) -> None:
-        if not os.access(self.root, os.W_OK):
-            raise OSError(f"object store directory is not writable: {self.root}")
+        """Raises DependencyUnavailable when a file cannot be created in the directory (a real write:
+        ``os.access`` says yes to root whatever the mode, and nothing about a read-only mount)."""
+        try:
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".ping-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise _unwritable(e) from e
+
+
+def _unwritable(e: OSError) -> DependencyUnavailable:
+    # The message names the error, not the server's path: it may reach a client (readyz, logs are fine).
+    return DependencyUnavailable(Dependency.STORAGE, f"the object store directory cannot be written "
+                                                     f"({e.strerror or type(e).__name__})")
 
 
 class _Counting:

@@ -136,3 +136,23 @@ def test_a_job_failed_by_an_outage_is_resumed_by_a_retry_with_its_key(svc):
     assert (resumed.json()["id"], resumed.json()["status"], resumed.json()["error"]) == (first, "queued", None)
     assert svc.dispatcher.sent == [first]
     assert (replayed.json()["status"], replayed.json()["error"]["code"]) == ("failed", "decode_failed")
+
+
+def test_an_unwritable_object_directory_answers_503_storage_unavailable(svc):
+    """The local store's directory cannot be written: 503 storage_unavailable with Retry-After (not a 500
+    ``PermissionError``), no row, nothing enqueued, and /readyz reports the object store down."""
+    import shutil
+
+    from api.app import create_app
+
+    root = Path(svc.settings.objects_dir)
+    shutil.rmtree(root, ignore_errors=True)
+    root.write_bytes(b"")  # a file where the directory must be: root is not stopped by permissions
+    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
+        r = post(c)
+        ready = c.get("/readyz")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "storage_unavailable", r.text
+    assert r.headers["retry-after"] == "7"
+    assert rows(svc) == [] and svc.dispatcher.sent == []
+    assert ready.status_code == 503 and ready.json()["checks"]["object_store"].startswith("error:")
+    assert str(root) not in ready.text

@@ -75,3 +75,25 @@ def test_s3_put_streams_in_parts(s3_endpoint):
     assert s3.put_file("big", io.BufferedReader(Source())) == 20 << 20
     head = s3.client.head_object(Bucket="diarist-big", Key="big")
     assert head["ContentLength"] == 20 << 20 and "-" in head["ETag"]  # a multipart upload's ETag
+
+
+def test_an_unwritable_local_directory_is_a_storage_outage(tmp_path):
+    """A directory that cannot be written (here a file stands where a folder must be created: permissions
+    do not stop root, which CI runs as) is the store being down: DependencyUnavailable(storage), whose
+    message names no server path, and ``ping`` (readyz) fails with it too."""
+    import shutil
+
+    from diarist.outages import Dependency, DependencyUnavailable, classify
+
+    store = LocalStore(tmp_path / "objects")
+    (tmp_path / "objects" / "jobs").write_bytes(b"")
+    with pytest.raises(DependencyUnavailable) as err:
+        store.put_file("jobs/j1/audio", io.BytesIO(b"abc"))
+    assert classify(err.value) is Dependency.STORAGE and err.value.code == "storage_unavailable"
+    assert str(tmp_path) not in str(err.value)
+    store.ping()  # the root itself is still writable
+    shutil.rmtree(tmp_path / "objects")
+    (tmp_path / "objects").write_bytes(b"")
+    with pytest.raises(DependencyUnavailable):
+        store.ping()
+    assert [p.name for p in tmp_path.iterdir()] == ["objects"]  # no probe or part file left behind
