@@ -49,7 +49,7 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
                   lifespan=lifespan)
     app.state.services = services
     app.state.engine_ready = engine_ready
-    errors.install(app)
+    errors.install(app, retry_after_s=services.settings.retry_after_s)
     app.add_middleware(RequestMetrics, metrics=services.metrics)  # outermost: it sees the 500s too
     app.include_router(health.router)
     app.include_router(jobs.router)

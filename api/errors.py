@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from diarist.contract.errors import CodedError
+from diarist.outages import classify
 
 log = logging.getLogger("diarist.api")
 
@@ -55,8 +56,9 @@ def describe_errors(errors: Sequence[Any]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def install(app: FastAPI) -> None:
-    """Register the handlers that turn every error into the JSON error shape."""
+def install(app: FastAPI, *, retry_after_s: int | None = None) -> None:
+    """Register the handlers that turn every error into the JSON error shape. ``retry_after_s``: the
+    ``Retry-After`` (seconds) on a 503 for a dependency outage (``Settings.retry_after_s``); None sends none."""
 
     @app.exception_handler(CodedError)
     async def _coded_error(_req: Request, exc: CodedError) -> JSONResponse:  # ApiError and every other one
@@ -73,7 +75,7 @@ def install(app: FastAPI) -> None:
         return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
-    app.add_middleware(InternalErrors)
+    app.add_middleware(InternalErrors, retry_after_s=retry_after_s)
 
 
 class InternalErrors:
@@ -83,10 +85,13 @@ class InternalErrors:
     traceback a second time ("Exception in ASGI application"); here the exception stops. When the response
     had already started (a stream), nothing more can be sent: the traceback is logged and the response ends.
     Expected failures (:class:`~diarist.contract.errors.CodedError`, validation, HTTP errors) never get here and log no traceback.
+    A dependency outage that escapes a route (:func:`diarist.outages.classify`: e.g. Postgres down while
+    the API key is looked up) is not a bug: 503 with the dependency's code (``database_unavailable``, ...)
+    and ``Retry-After``, logged as one warning line.
     """
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, retry_after_s: int | None = None) -> None:
+        self.app, self.retry_after_s = app, retry_after_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -102,7 +107,15 @@ class InternalErrors:
         try:
             await self.app(scope, receive, tracking_send)
         except Exception as exc:  # the one place unexpected errors are logged and answered
-            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if not started:
+            dep = classify(exc)
+            if dep is not None:
+                log.warning("%s %s: %s unavailable (%s)", scope.get("method"), scope.get("path"), dep.value,
+                            type(exc).__name__)
+                response = JSONResponse(error_body(dep.code, f"the {dep.value} is unavailable; retry later"),
+                                        status_code=503, headers=None if self.retry_after_s is None
+                                        else {"Retry-After": str(self.retry_after_s)})
+            else:
+                log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
                 response = JSONResponse(error_body("internal_error", type(exc).__name__), status_code=500)
+            if not started:
                 await response(scope, receive, send)

@@ -156,3 +156,35 @@ def test_an_unwritable_object_directory_answers_503_storage_unavailable(svc):
     assert rows(svc) == [] and svc.dispatcher.sent == []
     assert ready.status_code == 503 and ready.json()["checks"]["object_store"].startswith("error:")
     assert str(root) not in ready.text
+
+
+def test_database_down_with_api_keys_on_answers_503_on_every_route(svc):
+    """With keys on, the key lookup is the first thing to meet the database: a Postgres outage there (or in
+    any route that has no handling of its own) answers 503 ``database_unavailable`` with Retry-After, not a
+    500 ``internal_error``; a real bug stays a 500."""
+    from api.app import create_app
+    from diarist.db import Database
+
+    svc.settings = svc.settings.model_copy(update={"auth": True})
+    app = create_app(svc)
+
+    @app.get("/test-bug")
+    def bug():
+        raise RuntimeError("a bug")
+
+    real = svc.db
+    svc.db = Database("postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2")
+    auth = {"Authorization": "Bearer dia_00000000_x"}
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c, WAV.open("rb") as f:
+            answers = [c.post("/v1/jobs", files={"file": ("a.wav", f)}, headers=auth),
+                       c.get("/v1/jobs/job_0", headers=auth), c.get("/v1/jobs", headers=auth)]
+            bug_answer = c.get("/test-bug")
+    finally:
+        svc.db.dispose()
+        svc.db = real
+    for r in answers:
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "database_unavailable" and r.headers["retry-after"] == "7"
+    assert bug_answer.status_code == 500 and bug_answer.json()["error"]["code"] == "internal_error"
+    assert rows(svc) == [] and objects(svc) == [] and svc.dispatcher.sent == []
