@@ -3,8 +3,9 @@
 A job meets four dependencies: the database, the object store, the broker and the engine server. An error
 that means "that server did not answer" (refused or dropped connection, timeout, 5xx/throttling from S3, a
 closed Postgres connection) is an *outage*: the job backs off without spending an attempt, and fails with
-``<dependency>_unavailable`` only once the outage has lasted ``Settings.outage_bound_s``. Everything else
-(bad audio, a bug, a 4xx from S3) is the job's own failure. The API answers an outage at submit with 503
+``<dependency>_unavailable`` only once the outage has lasted ``Settings.outage_bound_s``. A missing bucket
+or refused S3 credentials count too (the deployment's, not the job's). Everything else (bad audio, a bug,
+a missing object) is the job's own failure. The API answers an outage at submit with 503
 and the same code.
 """
 
@@ -41,6 +42,11 @@ class DependencyUnavailable(Exception):
 
 # S3 error codes that mean "the service, not the request": retry later (AWS S3 error responses list).
 _S3_TRANSIENT = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "503", "500", "502", "504"}
+# S3 4xx codes that are the deployment's, never a job's: every key and request is ours, so a missing bucket
+# or refused credentials stop every job alike until an operator fixes them (an outage, not a failure);
+# a missing key (``NoSuchKey``) stays the job's own (``audio_missing``).
+_S3_DEPLOYMENT = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+                  "InvalidToken"}
 
 
 def classify(exc: BaseException) -> Dependency | None:
@@ -82,7 +88,7 @@ def _classify_one(e: BaseException) -> Dependency | None:
         if isinstance(e, bc.ClientError):
             err = e.response.get("Error", {})
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-            if err.get("Code") in _S3_TRANSIENT or status >= 500:
+            if err.get("Code") in _S3_TRANSIENT or err.get("Code") in _S3_DEPLOYMENT or status >= 500:
                 return Dependency.STORAGE
         return None
     if mod in ("kombu", "redis", "amqp"):

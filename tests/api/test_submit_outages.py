@@ -188,3 +188,21 @@ def test_database_down_with_api_keys_on_answers_503_on_every_route(svc):
         assert r.json()["error"]["code"] == "database_unavailable" and r.headers["retry-after"] == "7"
     assert bug_answer.status_code == 500 and bug_answer.json()["error"]["code"] == "internal_error"
     assert rows(svc) == [] and objects(svc) == [] and svc.dispatcher.sent == []
+
+
+def test_a_missing_bucket_answers_503_storage_unavailable(svc, monkeypatch):
+    """The bucket was deleted (or a trial S3 server restarted empty): 503 storage_unavailable with
+    Retry-After, not 500 ``NoSuchBucket``; nothing stored."""
+    from botocore.exceptions import ClientError
+
+    from api.app import create_app
+
+    def no_bucket(key, f):
+        raise ClientError({"Error": {"Code": "NoSuchBucket", "Message": "The specified bucket does not exist"},
+                           "ResponseMetadata": {"HTTPStatusCode": 404}}, "PutObject")
+
+    monkeypatch.setattr(svc.store, "put_file", no_bucket)
+    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
+        r = post(c)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "storage_unavailable", r.text
+    assert rows(svc) == [] and svc.dispatcher.sent == []

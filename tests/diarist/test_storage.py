@@ -97,3 +97,26 @@ def test_an_unwritable_local_directory_is_a_storage_outage(tmp_path):
     with pytest.raises(DependencyUnavailable):
         store.ping()
     assert [p.name for p in tmp_path.iterdir()] == ["objects"]  # no probe or part file left behind
+
+
+def test_a_missing_bucket_is_a_storage_outage_a_missing_key_is_not(s3_endpoint):
+    """moto's real S3 answers: the bucket gone (deleted, or an S3 server that restarted empty) is the
+    deployment's outage for every job (503 storage_unavailable at submit, backoff in the worker), while a
+    missing object stays the job's own ``ObjectNotFound``."""
+    from botocore.exceptions import ClientError
+
+    from diarist.outages import Dependency, classify
+
+    gone = S3Store("diarist-no-such-bucket", endpoint_url=s3_endpoint, access_key_id="test",
+                   secret_access_key="test")
+    with pytest.raises(ClientError) as err:
+        gone.put_bytes("jobs/j1/audio", b"x")
+    assert err.value.response["Error"]["Code"] == "NoSuchBucket"
+    assert classify(err.value) is Dependency.STORAGE
+    there = S3Store("diarist-test", endpoint_url=s3_endpoint, access_key_id="test", secret_access_key="test",
+                    create_bucket=True)
+    with pytest.raises(ObjectNotFound):
+        there.get_bytes("jobs/none/audio")
+    bad = ClientError({"Error": {"Code": "InvalidArgument"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+                      "PutObject")
+    assert classify(bad) is None  # a request we built wrong is a bug, not an outage
