@@ -13,6 +13,7 @@ Names follow https://prometheus.io/docs/practices/naming/ (base units in names, 
 API (``router``), besides the event metrics:
   diarist_jobs{status,class}            gauge: job rows by state and duration class
   diarist_webhook_jobs{status}          gauge: jobs by webhook state (pending|retrying|delivered|failed)
+  diarist_database_up                   gauge: 1 when the database answered (0: no job gauges this scrape)
   diarist_broker_up                     gauge: 1 when the broker answered
   diarist_queue_messages{queue}         gauge: messages waiting in each broker queue (queue depth)
   diarist_workers{class}                gauge: workers answering a Celery ping, by class (short|long|webhooks)
@@ -50,6 +51,7 @@ from sqlalchemy import func, select
 from diarist.db import Database
 from diarist.metrics import class_of
 from diarist.models import Job, JobStatus
+from diarist.outages import Dependency, classify
 
 log = logging.getLogger(__name__)
 STATUSES = tuple(s.value for s in JobStatus)
@@ -74,13 +76,25 @@ class JobsCollector:
         self.db = db
 
     def collect(self) -> Iterator[Metric]:
+        """The job gauges and ``diarist_database_up``; a database outage gives ``diarist_database_up 0`` and
+        no job gauges rather than failing the whole scrape (the outage is when the other numbers matter)."""
         jobs = GaugeMetricFamily("diarist_jobs", "Jobs by status and duration class.", labels=["status", "class"])
         hook_jobs = GaugeMetricFamily("diarist_webhook_jobs", "Jobs by webhook state.", labels=["status"])
-        with self.db.session() as s:
-            counts = {(class_of(q), st): n for q, st, n in
-                      s.execute(select(Job.queue, Job.status, func.count()).group_by(Job.queue, Job.status))}
-            by_hook = dict(s.execute(select(Job.webhook_status, func.count()).where(Job.webhook_status.is_not(None))
-                                     .group_by(Job.webhook_status)).all())
+        up = GaugeMetricFamily("diarist_database_up", "1 when the database answered.")
+        try:
+            with self.db.session() as s:
+                counts = {(class_of(q), st): n for q, st, n in
+                          s.execute(select(Job.queue, Job.status, func.count()).group_by(Job.queue, Job.status))}
+                by_hook = dict(s.execute(select(Job.webhook_status, func.count())
+                                         .where(Job.webhook_status.is_not(None)).group_by(Job.webhook_status)).all())
+        except Exception as e:
+            if classify(e) is not Dependency.DATABASE:
+                raise
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
         for c in sorted({"short", "long"} | {c for c, _ in counts}):
             for st in STATUSES:
                 jobs.add_metric([st, c], counts.get((c, st), 0))

@@ -252,3 +252,23 @@ def test_engine_server_metrics(whisper_engine):
     assert sample(fams, "diarist_engine_cuda_graph_replays", "diarist_engine_cuda_graph_replays_total",
                   engine="gpu0") == 0
     assert sample(fams, "diarist_engine_info", "diarist_engine_info", engine="gpu0", device="cpu") == 1
+
+
+def test_a_database_outage_is_a_value_not_a_failed_scrape(tmp_path):
+    """Postgres down: the scrape still answers, with ``diarist_database_up 0`` and no job gauges (so the
+    broker, engine and process metrics stay visible during the outage); up, it is 1 beside the gauges."""
+    url = f"sqlite:///{tmp_path / 'm.sqlite3'}"
+    upgrade(url)
+    db = Database(url)
+    fill(db)
+    fams = scrape(db)
+    assert sample(fams, "diarist_database_up", "diarist_database_up") == 1
+    check_job_gauges(fams)
+    db.dispose()
+    down = Database("postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=2")
+    try:
+        fams = scrape(down)
+    finally:
+        down.dispose()
+    assert sample(fams, "diarist_database_up", "diarist_database_up") == 0
+    assert "diarist_jobs" not in fams and "diarist_webhook_jobs" not in fams
