@@ -80,15 +80,49 @@ class LocalEventBus:
 
 
 class _RedisSubscription:
+    """A Redis outage is quiet time, never an exception: ``get`` then waits out its timeout and returns None,
+    so a reader (the SSE route) goes on re-reading the job row and still ends at the final status; the
+    subscription is made again once Redis answers (events published meanwhile are lost, as with any
+    pub/sub)."""
+
     def __init__(self, client, channel: str) -> None:
         self.pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(channel)
+        self.channel, self.subscribed, self.down = channel, False, False
+        self._subscribe()
+
+    def _subscribe(self) -> bool:
+        import redis
+
+        try:
+            self.pubsub.subscribe(self.channel)
+        except redis.RedisError as e:
+            self._lost(e)
+            return False
+        self.subscribed = True
+        return True
+
+    def _lost(self, e: Exception) -> None:
+        if not self.down:
+            log.warning("event bus unavailable, live events of %s paused: %s: %s", self.channel, type(e).__name__, e)
+        self.down = True
 
     def get(self, timeout: float) -> dict | None:
+        import redis
+
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            # Subscription confirmations come back as None even when ignored: keep reading until the deadline.
-            msg = self.pubsub.get_message(timeout=left)
+            try:
+                if not self.subscribed and not self._subscribe():
+                    raise redis.ConnectionError("not subscribed")
+                # Subscription confirmations come back as None even when ignored: keep reading to the deadline.
+                msg = self.pubsub.get_message(timeout=left)
+            except redis.RedisError as e:
+                self._lost(e)
+                # redis-py's reconnect re-subscribes the channels it knows; one whose SUBSCRIBE never
+                # succeeded is not among them, hence ``subscribed``.
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return None
+            self.down = False
             if msg is not None and msg.get("type") == "message":
                 return json.loads(msg["data"])
         return None

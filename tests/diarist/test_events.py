@@ -46,3 +46,36 @@ def test_redis_bus_down_skips_the_event_and_logs(caplog):
     with caplog.at_level("WARNING", logger="diarist.events"):
         bus.publish("job_1", {"type": "progress", "progress": 0.5})
     assert "event bus unavailable, progress event of job_1 skipped" in caplog.text
+
+
+@pytest.mark.services
+def test_redis_subscription_outlives_a_redis_restart():
+    """Redis restarts under an open subscription (an SSE client): ``get`` returns None (quiet time, so the
+    SSE route re-reads the job row) instead of raising out of the stream, and once Redis is back the
+    subscription gets events again; one opened while Redis is down subscribes when it returns."""
+    import time
+
+    from tests.servers import Redis
+
+    r = Redis()
+    try:
+        bus = RedisEventBus(r.url)
+        sub = bus.subscribe("job_1")
+        bus.publish("job_1", {"type": "progress", "progress": 0.1})
+        assert sub.get(timeout=5) == {"type": "progress", "progress": 0.1}
+        r.down()
+        assert sub.get(timeout=0.3) is None and sub.get(timeout=0.3) is None
+        late = bus.subscribe("job_2")  # opened during the outage
+        assert late.get(timeout=0.3) is None
+        r.up()
+        got, late_got, deadline = None, None, time.monotonic() + 30
+        while (got is None or late_got is None) and time.monotonic() < deadline:
+            bus.publish("job_1", {"type": "progress", "progress": 0.9})
+            bus.publish("job_2", {"type": "delta", "text": "back"})
+            got = got or sub.get(timeout=0.5)
+            late_got = late_got or late.get(timeout=0.5)
+        assert got == {"type": "progress", "progress": 0.9} and late_got == {"type": "delta", "text": "back"}
+        sub.close()
+        late.close()
+    finally:
+        r.stop()
