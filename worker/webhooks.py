@@ -108,7 +108,7 @@ def deliver(rt: Runtime, message_id: str) -> Attempt:
             return Attempt("failed")
         url, owner = job.webhook_url, job.owner_key
         data = {"id": job.id, "status": job.status,
-                "error": {"code": job.error_code} if job.error_code and job.status == "failed" else None}
+                "error": {"code": job.error_code} if job.error_code else None}  # as the job row: failed or canceled
     body = json.dumps({"type": event, "timestamp": datetime.now(UTC).isoformat(), "data": data},
                       separators=(",", ":")).encode()
     ts = int(time.time())

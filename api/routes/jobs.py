@@ -114,7 +114,8 @@ def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep
                    format: Annotated[TranscriptFormat, Query(description="Output format")] = "json") -> Response:
     job = load_job(services, principal, job_id)
     if job.status != "completed" or not job.transcript_key:
-        code = "job_failed" if job.status == "failed" else "not_ready"
+        # a final job without a transcript says so; only a job still on its way is "not ready" (worth polling)
+        code = {"failed": "job_failed", "canceled": "job_canceled"}.get(job.status, "not_ready")
         raise ApiError(409, code, f"the job is {job.status}; the transcript exists once it is completed")
     try:
         data = services.store.get_bytes(job.transcript_key)

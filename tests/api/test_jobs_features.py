@@ -149,10 +149,13 @@ def test_webhook_on_cancel_and_4xx_is_not_retried(client, receiver):
     expected = "canceled" if deleted["status"] == "canceled" else "completed"
     if expected == "canceled":
         assert deleted["error"]["code"] == "canceled"
-        assert client.get(f"/v1/jobs/{job_id}/transcript").json()["error"]["code"] == "not_ready"
+        # final, so not "not_ready": a client polling the transcript on not_ready would wait forever
+        assert client.get(f"/v1/jobs/{job_id}/transcript").json()["error"]["code"] == "job_canceled"
     payload = json.loads(hook.wait(1)[0][1])
     assert payload["type"] == f"job.{expected}" and payload["data"]["id"] == job_id
     assert payload["data"]["status"] == expected
+    # the body's error is the job row's (None when completed)
+    assert payload["data"]["error"] == ({"code": "canceled"} if expected == "canceled" else None)
     assert len(hook.wait(2, timeout_s=1.5)) == 1  # 410 is final: no retry
 
 
