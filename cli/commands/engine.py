@@ -29,20 +29,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     import socket
+    import sys
 
     import uvicorn
 
     from diarist.logs import configure_logging
     from diarist.settings import Settings
     from engine import Engine
+    from engine.resolve import check_device
     from engine_server.server import create_engine_app
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)
-    host, port = args.host or st.engine_host, args.port or st.engine_port
+    host = args.host or st.engine_host
+    port = args.port if args.port is not None else st.engine_port  # 0: a free port, named when listening
     device = args.device or st.device
-    engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
-                                     load_format=args.load_format))
+    check_device(device)  # DeviceUnavailable before anything listens
+    # Listen before loading the model: a port in use is one line and exit 2 at once, not after minutes of
+    # weight loading and graph capture (uvicorn would only log it and exit 3).
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as e:
+        print(f"diarist: error: address_in_use: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+    try:
+        engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
+                                         load_format=args.load_format))
+    except BaseException:
+        sock.close()
+        raise
     engine.start()
     # the names the OpenAI route accepts: DIARIST_SERVED_MODELS, else those of the model --model loaded
     names = st.model_copy(update={"model": args.model or st.model,
@@ -57,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     for line in engine.fallbacks:
         print(f"warning: {line}", flush=True)
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", log_config=None)).run(sockets=[sock])
     finally:
+        sock.close()
         engine.shutdown()
     return 0

@@ -184,3 +184,15 @@ def test_engine_refuses_an_unknown_model_family_in_one_line():
                           capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "invalid choice: 'mossy'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_engine_on_a_port_in_use_is_one_line_before_the_model_loads(capsys):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        # moss-td without a checkpoint would fail while loading: the port is refused before that
+        status, out, err = run_cli(capsys, "engine", "--model", "moss-td", "--host", "127.0.0.1",
+                                   "--port", str(port))
+    assert status == 2 and out == "", err
+    assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1

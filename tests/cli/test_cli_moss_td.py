@@ -45,6 +45,6 @@ def test_moss_td_without_a_checkpoint_refuses_to_start(capsys):
 def test_engine_server_without_a_checkpoint_refuses_to_start(capsys, monkeypatch):
     monkeypatch.delenv("DIARIST_MODEL_PATH", raising=False)
     monkeypatch.delenv("DIARIST_LOAD_FORMAT", raising=False)
-    status = main(["engine", "--model", "moss-td", "--port", "9"])  # fails before anything listens
+    status = main(["engine", "--model", "moss-td", "--port", "0"])  # fails before the model loads
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("diarist: error: bad_model: moss-td needs its checkpoint")
