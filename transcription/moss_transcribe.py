@@ -163,7 +163,8 @@ class MossTdPipeline:
     threads at once). It transcribes only (no translate task) and takes any language: a requested one is
     reported as such, none is detected. ``fixed_output_tokens``: see :func:`transcribe_moss`."""
 
-    frontend = Frontend.LIBROSA  # the official code reads files with librosa / transformers' load_audio
+    family = "moss-td"  # engine.loaded.info["family"] of the engines it serves
+    frontend = Frontend.for_family(family)
     # No bound of the model's own here: the engine checks each prompt (``too_long``) and a recording longer
     # than one prompt holds runs as sections; the cap on what a decoded recording may hold stays the one
     # the service has always applied to every family (the API's own, smaller one: transcription.limits).
@@ -199,7 +200,7 @@ class MossTdPipeline:
                 speech = vad_s = None
         result["model"] = self.model_name
         result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
-        result["family"] = "moss-td"
+        result["family"] = self.family
         if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:
             result["speech"] = [[s, e] for s, e in speech]
             result["metrics"]["vad_s"] = vad_s

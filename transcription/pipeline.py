@@ -22,6 +22,7 @@ class FamilyPipeline(Protocol):
     """One model family's way from decoded audio to an engine result dict.
 
     Attributes:
+        family: the model family it serves, as the engine's loader reports it (``info["family"]``).
         frontend: how its files are decoded (its official loader's channel mix and resampler).
         max_duration_s: longest recording (seconds) it is given; longer ones are refused ``too_long``
             after decoding (by the engine server before a PCM body is read).
@@ -30,6 +31,7 @@ class FamilyPipeline(Protocol):
             (every sequence decodes exactly that many tokens).
     """
 
+    family: ClassVar[str]
     frontend: ClassVar[Frontend]
     max_duration_s: ClassVar[float]
     bound_holder: ClassVar[str]
@@ -57,9 +59,9 @@ class FamilyPipeline(Protocol):
         """
 
 
-PIPELINES: dict[str, type[FamilyPipeline]] = {"whisper": WhisperPipeline, "moss-td": MossTdPipeline}
+PIPELINES: dict[str, type[FamilyPipeline]] = {p.family: p for p in (WhisperPipeline, MossTdPipeline)}
 """The pipeline of each model family, by the family its loader reports (``engine.loaded.info["family"]``);
-its keys are :data:`engine.config.MODEL_FAMILIES`."""
+its keys are :data:`engine.config.MODEL_FAMILIES` (``tests/transcription/test_pipeline.py`` checks they agree)."""
 
 
 def pipeline_class(engine: Engine) -> type[FamilyPipeline]:

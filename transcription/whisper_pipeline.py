@@ -44,7 +44,8 @@ class WhisperPipeline:
     """A :class:`transcription.pipeline.FamilyPipeline` for Whisper checkpoints (one per engine; safe to
     call from many threads at once: per-recording state lives in each call)."""
 
-    frontend = Frontend.FFMPEG  # openai-whisper's loader: ``ffmpeg -ac 1 -ar 16000``
+    family = "whisper"  # engine.loaded.info["family"] of the engines it serves
+    frontend = Frontend.for_family(family)
     max_duration_s = WHISPER_MAX_DURATION_S  # the cascade's memory bound (transcription.limits)
     bound_holder = "the Whisper cascade"
     takes_fixed_output_tokens = False  # each window's budget follows its duration; no benchmark switch
