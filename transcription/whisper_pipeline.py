@@ -42,7 +42,12 @@ WHISPER_LOOP_MIN_SPAN = 48
 
 class WhisperPipeline:
     """A :class:`transcription.pipeline.FamilyPipeline` for Whisper checkpoints (one per engine; safe to
-    call from many threads at once: per-recording state lives in each call)."""
+    call from many threads at once: per-recording state lives in each call).
+
+    Its tokens, timestamp rules, alignment heads and languages come from the checkpoint's config
+    (``engine.loaded.info["config"]``). ``fixed_output_tokens`` is always ``None`` here (the transcriber
+    refuses it for this family: ``takes_fixed_output_tokens``).
+    """
 
     family = "whisper"  # engine.loaded.info["family"] of the engines it serves
     frontend = Frontend.for_family(family)
