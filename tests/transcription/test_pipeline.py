@@ -24,3 +24,21 @@ def test_an_engine_of_an_unknown_family_is_refused():
         pipeline_class(engine)
     with pytest.raises(ValueError, match="unknown model family 'wav2vec'"):
         Frontend.for_family("wav2vec")
+
+
+def test_moss_td_refuses_translate_before_decoding():
+    """The family's check runs first: undecodable bytes never reach the decoder."""
+    from diarist.contract.options import TranscribeOptions
+    from engine import Engine, EngineConfig
+    from engine.loaders.registry import tiny_dummy_config
+    from transcription.errors import Rejected
+    from transcription.moss_transcribe import MossTdPipeline
+    from transcription.transcriber import Transcriber
+
+    eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=tiny_dummy_config("moss-td"),
+                              kv_budget_bytes=4 << 20, max_running_requests=2))
+    tr = Transcriber(eng)
+    assert isinstance(tr.pipeline, MossTdPipeline) and tr.frontend is Frontend.LIBROSA
+    with pytest.raises(Rejected) as e:
+        tr.transcribe(b"not even audio", TranscribeOptions(task="translate"))
+    assert e.value.code == "unsupported_task" and "only transcribes" in e.value.message
