@@ -1,8 +1,8 @@
 """Speaker cascade throughput on the CPU and on the engine's GPU (issue 16 item 3).
 
 The Whisper path's cascade (speech detection: Silero + segmentation-3.0; diarization: segmentation-3.0 +
-CAM++ + clustering) runs in the engine process, on the engine's device since the transcriber passes it
-(``Transcriber.cascade_device``). This measures, for each device, the cascade's audio seconds per wall
+CAM++ + clustering) runs in the engine process, on the engine's device since each family pipeline passes it
+(``transcription.speech.cascade_device``). This measures, for each device, the cascade's audio seconds per wall
 second on real recordings at 1 and ``--concurrency`` threads of a pool warmed by one untimed round (each
 thread a recording of its own: the samples are made unique so the segmentation cache never serves a
 repeat), and checks that the CUDA turns

@@ -80,15 +80,15 @@ def main() -> None:
         from faster_whisper import WhisperModel
 
         peer = WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=2)
-    speech_fn = tr._speech
+    whisper = tr.pipeline  # the Whisper family's pipeline (transcription.whisper_pipeline): VAD and rules
+    speech_fn = whisper._speech
 
     def run(name: str, source, ref: str | None, peer_source=None, one_run_s: float | None = None) -> dict:
         if one_run_s is not None:  # the whole clip is one speech run: the result of a VAD with no pause to cut
-            new = "Callable" in str(Transcriber._speech.__annotations__.get("return", ""))
-            tr._speech = (lambda w: ([(0.0, one_run_s)], None)) if new else (lambda w: [(0.0, one_run_s)])
+            whisper._speech = lambda w, should_cancel=None: ([(0.0, one_run_s)], None)
         t0 = time.perf_counter()
         r = tr.transcribe(source, TranscribeOptions(diarize=False))
-        tr._speech = speech_fn
+        whisper._speech = speech_fn
         hyp = norm(" ".join(s["text"] for s in r["segments"]))
         item = {"item": name, "words": len(hyp.split()), "seconds": round(time.perf_counter() - t0, 2),
                 "finish_reason": r["finish_reason"], "incomplete": r.get("incomplete"),
@@ -119,7 +119,7 @@ def main() -> None:
     # tokens every greedy attempt of every window is made to repeat " yeah,"; sampled attempts run free.
     import torch
 
-    rules = tr.rules
+    rules = whisper.rules
 
     def force_greedy_loop(seq, logits):
         x = rules(seq, logits)
@@ -129,11 +129,11 @@ def main() -> None:
             x[(10194, 11)[len(seq.output_ids) % 2]] = 0.0  # " yeah", ","
         return x
 
-    tr.rules = force_greedy_loop
+    whisper.rules = force_greedy_loop
     for rel in AMI:
         p = DATA / rel
         items.append(run("forced_greedy_loop:" + rel, p, reference(p)))
-    tr.rules = rules
+    whisper.rules = rules
 
     for order in SEAMS:
         wave = np.concatenate([trimmed(k) for k in order]).astype(np.float32)

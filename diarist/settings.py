@@ -76,8 +76,11 @@ def default_served_models(model: str, model_path: str | None) -> list[str]:
     """Names a server of the ``model`` family loaded from ``model_path`` answers to in a request's ``model``
     field when ``DIARIST_SERVED_MODELS`` is unset: whisper, whisper-1 and the packaged checkpoint's name
     (tiny.en or base) for the whisper family, or the family's name. Torch-free."""
+    from engine.config import FAMILIES
+
     # "whisper-1" is what OpenAI clients send; every family answers to it
-    if model != "whisper":
+    family = FAMILIES.get(model)
+    if family is None or not family.packaged_checkpoints:
         return ["whisper", "whisper-1", model]
     from engine.checkpoints import packaged_whisper
 
@@ -303,7 +306,10 @@ class Settings(EnvSettings):
         """``languages``, or its default for the model; empty means any language."""
         if self.languages is not None:
             return self.languages
-        if self.model != "whisper":
+        from engine.config import FAMILIES
+
+        family = FAMILIES.get(self.model)
+        if family is None or not family.packaged_checkpoints:  # one checkpoint, any language
             return []
         from engine.checkpoints import packaged_whisper
 
@@ -314,7 +320,10 @@ class Settings(EnvSettings):
     def can_translate(self) -> bool:
         """Whether ``task=translate`` is served: a Whisper model that is not English-only (by the languages
         it accepts). The engine refuses it too (``unsupported_task``) if the checkpoint has no language tokens."""
-        return self.model == "whisper" and self.accepted_languages != ["en"]
+        from engine.config import FAMILIES
+
+        family = FAMILIES.get(self.model)
+        return family is not None and family.translates and self.accepted_languages != ["en"]
 
     @property
     def served_model_names(self) -> list[str]:

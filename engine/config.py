@@ -18,7 +18,34 @@ class DeviceUnavailable(ValueError):
     code = "device_unavailable"
 
 
-MODEL_FAMILIES = ("whisper", "moss-td")
+@dataclass(frozen=True)
+class ModelFamily:
+    """What the service knows of a model family before any model loads (torch-free: the API, the worker and
+    the settings read it). The family's pipeline (``transcription.pipeline.PIPELINES``) reads it too.
+
+    Attributes:
+        name: the family, as :attr:`EngineConfig.model` and the loader's ``info["family"]`` spell it.
+        frontend: how its official loader decodes a file: ``"ffmpeg"`` (openai-whisper's ``ffmpeg -ac 1
+            -ar 16000``) or ``"librosa"`` (the official MOSS-TD code's ``librosa.load``); the values of
+            ``transcription.audio.Frontend``.
+        packaged_checkpoints: its checkpoints also come as Python packages selected by name, each with the
+            languages it transcribes (:mod:`engine.checkpoints`); otherwise one checkpoint takes any language.
+        translates: it has a ``translate`` task (on checkpoints that are not English-only).
+    """
+
+    name: str
+    frontend: str
+    packaged_checkpoints: bool
+    translates: bool
+
+
+FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (
+    ModelFamily("whisper", frontend="ffmpeg", packaged_checkpoints=True, translates=True),
+    ModelFamily("moss-td", frontend="librosa", packaged_checkpoints=False, translates=False),
+)}
+"""Every family the engine loads, by name (the one table of their service-side facts)."""
+
+MODEL_FAMILIES = tuple(FAMILIES)
 """Values of :attr:`EngineConfig.model`: the model families the engine loads."""
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.attention import BACKENDS, supports_cuda_graphs
-from engine.config import DeviceUnavailable, EngineConfig
+from engine.config import FAMILIES, DeviceUnavailable, EngineConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -65,8 +65,10 @@ def checkpoint_dtype(cfg: EngineConfig) -> str | None:
     ``torch_dtype`` for Hugging Face folders, the variable headers of a CTranslate2 ``model.bin``."""
     if cfg.load_format == "dummy":
         return None
+    family = FAMILIES.get(cfg.model)
+    packaged_family = family is not None and family.packaged_checkpoints  # a bundled default, names for paths
     if cfg.model_path is None:
-        if cfg.model != "whisper":
+        if not packaged_family:
             return None
         from engine.loaders.registry import bundled_whisper_dir
 
@@ -75,7 +77,7 @@ def checkpoint_dtype(cfg: EngineConfig) -> str | None:
         path = Path(cfg.model_path)
         from engine.checkpoints import packaged_whisper
 
-        packaged = packaged_whisper(cfg.model_path) if cfg.model == "whisper" and not path.is_dir() else None
+        packaged = packaged_whisper(cfg.model_path) if packaged_family and not path.is_dir() else None
         if packaged is not None and packaged.sources:  # split over packages: no model.bin on disk
             return packaged.dtype
     if (path / "model.bin").is_file() and cfg.load_format in ("auto", "ct2"):

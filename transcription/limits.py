@@ -74,11 +74,14 @@ def moss_td_max_duration_s(context: int = MOSS_TD_CONTEXT, marker_every_s: int =
     return math.floor(lo * 10) / 10
 
 
+MAX_DURATION_S: dict[str, float] = {"whisper": WHISPER_MAX_DURATION_S, "moss-td": MOSS_TD_MAX_DURATION_S}
+"""The longest recording (seconds) each family takes at submit (keys: :data:`engine.config.MODEL_FAMILIES`)."""
+
+
 def max_duration_s(family: str) -> float:
     """The longest recording (seconds) the ``family`` (``whisper`` or ``moss-td``) takes; ``ValueError`` for
     another family."""
-    if family == "whisper":
-        return WHISPER_MAX_DURATION_S
-    if family == "moss-td":
-        return MOSS_TD_MAX_DURATION_S
-    raise ValueError(f"unknown model family {family!r}")
+    try:
+        return MAX_DURATION_S[family]
+    except KeyError:
+        raise ValueError(f"unknown model family {family!r}") from None

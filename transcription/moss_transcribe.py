@@ -1,23 +1,32 @@
-"""A MOSS-TD transcription: one sequence for the whole recording, streamed, with completeness checks."""
+"""The MOSS-TD family's pipeline: one sequence for the whole recording, streamed, with completeness checks;
+speaker labels come from the model, and the VAD runs beside the decode to measure coverage."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
+from diarist.contract.options import TranscribeOptions
 from engine.engine import Engine
 from engine.models.mel import SAMPLE_RATE
 from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
-from transcription.errors import EngineError
+from transcription.audio import DecodedAudio, Frontend
+from transcription.cancel import Canceled
+from transcription.errors import EngineError, Rejected
+from transcription.language import LanguageChoice
+from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.moss_resume import resume_after_loops
 from transcription.moss_sections import fits, transcribe_sections
 from transcription.moss_td_parser import MossStreamParser
 from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_guard, moss_result
 from transcription.progress import EventFn
+from transcription.speech import cascade_device, detect_speech
 
 
 class LiveSegments:
@@ -147,3 +156,52 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
         out["incomplete_reason"] = (f"decoding still looped after {resumed.resumes} resume(s) from the last "
                                     f"complete segment ({res['repetition']})")
     return out
+
+
+class MossTdPipeline:
+    """A :class:`transcription.pipeline.FamilyPipeline` for MOSS-TD (one per engine; safe to call from many
+    threads at once). It transcribes only (no translate task) and takes any language: a requested one is
+    reported as such, none is detected. ``fixed_output_tokens``: see :func:`transcribe_moss`."""
+
+    family = "moss-td"  # engine.loaded.info["family"] of the engines it serves
+    frontend = Frontend.for_family(family)
+    # No bound of the model's own here: the engine checks each prompt (``too_long``) and a recording longer
+    # than one prompt holds runs as sections; the cap on what a decoded recording may hold stays the one
+    # the service has always applied to every family (the API's own, smaller one: transcription.limits).
+    max_duration_s = WHISPER_MAX_DURATION_S
+    bound_holder = "the MOSS-TD pipeline"
+    takes_fixed_output_tokens = True
+
+    def __init__(self, engine: Engine, model_name: str | None, fixed_output_tokens: int | None = None) -> None:
+        self.engine, self.model_name = engine, model_name
+        self.fixed_output_tokens = fixed_output_tokens
+        self.cascade_device = cascade_device(engine)
+
+    def check(self, opts: TranscribeOptions) -> None:
+        """Refuse a task other than ``transcribe`` (``Rejected`` ``unsupported_task``)."""
+        if opts.task != "transcribe":
+            raise Rejected("unsupported_task", f"{self.model_name} only transcribes; task={opts.task!r} was asked for")
+
+    def transcribe(self, audio: DecodedAudio, opts: TranscribeOptions, on_event: EventFn | None,
+                   should_cancel: Callable[[], bool] | None) -> dict:
+        """The engine result dict of ``audio``'s mono mix (:func:`transcribe_moss`) with the model, the
+        language fields and the detected speech, before :func:`transcription.result.finish_result`."""
+        # Coverage compares the transcript with detected speech: the VAD runs beside the engine's decode
+        # (torch and ONNX release the interpreter lock), not after it.
+        with ThreadPoolExecutor(1, thread_name_prefix="diarist-vad") as pool:
+            t_vad = time.perf_counter()
+            vad = pool.submit(lambda: (detect_speech(audio.mono, self.cascade_device, should_cancel)[0],
+                                       time.perf_counter() - t_vad))
+            result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
+                                     fixed_output_tokens=self.fixed_output_tokens)
+            try:
+                speech, vad_s = vad.result()
+            except Canceled:  # the VAD stopped between its blocks: the caller wants no result
+                speech = vad_s = None
+        result["model"] = self.model_name
+        result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
+        result["family"] = self.family
+        if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:
+            result["speech"] = [[s, e] for s, e in speech]
+            result["metrics"]["vad_s"] = vad_s
+        return result

@@ -1,11 +1,9 @@
-"""From a recording to a speaker-attributed transcript: audio ▸ VAD ▸ windows ▸ engine ▸ speakers.
+"""From a recording to a speaker-attributed transcript: decode ▸ the model family's pipeline ▸ result.
 
-Whisper path (the embedded default): silero-vad finds speech; speech is packed into windows of at most
-30 s; all windows of a recording are submitted together, so they decode in one batch (and alongside other
-recordings); each window's timestamp tokens plus its offset give segment times, clamped to
-``[0, duration]``; word times come from the cross-attention alignment heads; speaker turns from the
-embedding cascade are assigned to words. MOSS-TD path: one sequence for the whole recording (speaker
-labels come from the model).
+The :class:`Transcriber` decodes the audio as its engine's family hears it, checks the family's bound and
+hands the recording to that family's pipeline (:mod:`transcription.pipeline`: Whisper and the speaker
+cascade in :mod:`transcription.whisper_pipeline`, MOSS-TD in :mod:`transcription.moss_transcribe`); it
+then adds the fields every result ends with (:func:`transcription.result.finish_result`).
 """
 
 from __future__ import annotations
@@ -15,69 +13,45 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-import torch
-
 from diarist.contract.options import TranscribeOptions
 from engine.engine import Engine
-from engine.request import EventInbox, FinishReason, RequestRejected, Sequence
-from engine.sampling import SamplingParams
-from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, decode_audio, log_mel_spectrogram
-from transcription.cancel import Canceled
+from engine.request import RequestRejected
+from transcription.audio import DecodedAudio, decode_audio
 from transcription.errors import EngineError, Rejected
-from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
-from transcription.limits import WHISPER_MAX_DURATION_S
-from transcription.options import window_budget
+from transcription.pipeline import pipeline_class
 from transcription.progress import EventFn
-from transcription.repetition import RepetitionGuard
-from transcription.result import finish_result, merge_channels, sequence_metrics, whisper_result
-from transcription.whisper_decoding import (
-    WhisperTimestampRules,
-    WhisperTokens,
-    whisper_prompt,
-)
-from transcription.whisper_segments import WindowSegments
-from transcription.window_decoder import WindowDecoder, WindowResult
-from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
-from transcription.windows import Window, pack_windows
+from transcription.result import finish_result
 
-WHISPER_LOOP_MIN_SPAN = 48
-"""Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
+__all__ = ["EngineError", "TranscribeOptions", "Transcriber"]
 
 
 class Transcriber:
     """Runs transcriptions on a shared :class:`Engine`; safe to call from many threads at once.
 
-    ``fixed_output_tokens`` is a benchmark-only switch (``benchmarks/bench_service_gpu.py``): every MOSS-TD
+    ``fixed_output_tokens`` is a benchmark-only switch (``benchmarks/bench_service_gpu.py``): every
     sequence then decodes exactly that many tokens, EOS and the loop guard off, as the engine benchmark's
     requests do (``benchmarks/bench_engine.py``), so the service and the engine can be compared on the same
     work. It lives on this instance, never in a request, and is refused (``ValueError``) unless the engine
-    runs random weights (``load_format="dummy"``) of the ``moss-td`` family: a real model's transcript
-    would be cut or padded.
+    runs random weights (``load_format="dummy"``) of a family whose pipeline takes it (MOSS-TD): a real
+    model's transcript would be cut or padded.
+
+    ``max_duration_s`` starts as the pipeline's bound and may be lowered on an instance.
     """
 
     def __init__(self, engine: Engine, fixed_output_tokens: int | None = None) -> None:
         self.engine = engine
-        # the speaker cascade's networks (segmentation-3.0, CAM++) run where the engine does
-        self.cascade_device = str(engine.device) if engine.device.type == "cuda" else "cpu"
-        self.family = engine.loaded.info.get("family", "whisper")
         self.model_name: str | None = engine.loaded.info.get("name")
-        if fixed_output_tokens is not None and (engine.config.load_format != "dummy" or self.family == "whisper"
-                                                or fixed_output_tokens < 1):
+        cls = pipeline_class(engine)
+        if fixed_output_tokens is not None and (engine.config.load_format != "dummy"
+                                                or not cls.takes_fixed_output_tokens or fixed_output_tokens < 1):
             raise ValueError(f"fixed_output_tokens={fixed_output_tokens} is for benchmarks on dummy moss-td "
-                             f"weights only (this engine: {self.family}, load_format={engine.config.load_format})")
+                             f"weights only (this engine: {engine.loaded.info.get('family')}, "
+                             f"load_format={engine.config.load_format})")
         self.fixed_output_tokens = fixed_output_tokens
+        self.pipeline = cls(engine, self.model_name, fixed_output_tokens)
         # each family hears its files as its official loader decodes them (transcription.audio.Frontend)
-        self.frontend = Frontend.for_family(self.family)
-        self.max_duration_s = WHISPER_MAX_DURATION_S  # the Whisper cascade's bound (MOSS-TD: its context)
-        if self.family == "whisper":
-            conf = engine.loaded.info.get("config", {})
-            self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
-            self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
-                                               conf.get("suppress_ids_begin", [220, self.tokens.eot]))
-            self.alignment_heads = conf.get("alignment_heads", [])
-            self.segments = WindowSegments(engine.model, engine.tokenizer, self.tokens, self.alignment_heads)
-            self.languages = WhisperLanguages(engine.tokenizer, self.tokens, conf.get("lang_ids", []))
+        self.frontend = self.pipeline.frontend
+        self.max_duration_s = self.pipeline.max_duration_s
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
@@ -104,7 +78,7 @@ class Transcriber:
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
             Rejected: (also an :class:`engine.request.RequestRejected`) the recording cannot fit the model's
-                context, or is longer than the Whisper cascade's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
+                context, or is longer than its pipeline's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
                 transcribe (``unsupported_language``); a task it cannot do (``unsupported_task``: translate
                 on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
@@ -118,10 +92,7 @@ class Transcriber:
 
     def _transcribe(self, source: Any, opts: TranscribeOptions, on_event: EventFn | None,
                     should_cancel: Callable[[], bool] | None) -> dict:
-        if self.family == "whisper":
-            self.languages.check(opts.language, opts.task, self.model_name)
-        elif opts.task != "transcribe":
-            raise Rejected("unsupported_task", f"{self.model_name} only transcribes; task={opts.task!r} was asked for")
+        self.pipeline.check(opts)
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
@@ -129,186 +100,14 @@ class Transcriber:
         else:
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
-        if self.family == "whisper" and audio.duration > self.max_duration_s:  # the cascade's memory bound
-            raise Rejected("too_long", f"the audio lasts {audio.duration:.0f} s; the Whisper cascade takes "
-                                              f"at most {self.max_duration_s:g} s ({self.max_duration_s / 3600:g} h)")
+        if audio.duration > self.max_duration_s:  # the pipeline's memory bound
+            raise Rejected("too_long", f"the audio lasts {audio.duration:.0f} s; {self.pipeline.bound_holder} "
+                                       f"takes at most {self.max_duration_s:g} s ({self.max_duration_s / 3600:g} h)")
         if on_event:
             on_event("queued", {"duration": audio.duration})
-        if self.family != "whisper":
-            from concurrent.futures import ThreadPoolExecutor
-
-            from transcription.moss_transcribe import transcribe_moss
-
-            # Coverage compares the transcript with detected speech: the VAD runs beside the engine's decode
-            # (torch and ONNX release the interpreter lock), not after it.
-            with ThreadPoolExecutor(1, thread_name_prefix="diarist-vad") as pool:
-                t_vad = time.perf_counter()
-                vad = pool.submit(lambda: (self._speech(audio.mono, should_cancel)[0],
-                                           time.perf_counter() - t_vad))
-                result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
-                                         fixed_output_tokens=self.fixed_output_tokens)
-                try:
-                    speech, vad_s = vad.result()
-                except Canceled:  # the VAD stopped between its blocks: the caller wants no result
-                    speech = vad_s = None
-            result["model"] = self.model_name
-            result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
-            result["family"] = "moss-td"
-            if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:
-                result["speech"] = [[s, e] for s, e in speech]
-                result["metrics"]["vad_s"] = vad_s
-        elif opts.multichannel and audio.samples.shape[0] > 1:
-            result = self._multichannel(audio.samples, opts, should_cancel)
-        else:
-            result = self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
+        result = self.pipeline.transcribe(audio, opts, on_event, should_cancel)
         finish_result(result, audio.duration, time.perf_counter() - t0, audio_decode_s, audio.warnings,
                       self.engine.random_weights)
         if on_event:
             on_event("finished", {"metrics": result["metrics"], "finish_reason": result["finish_reason"]})
         return result
-
-    # -- whisper ----------------------------------------------------------------------------------------
-    def _speech(self, wave: np.ndarray, should_cancel: Callable[[], bool] | None = None
-                ) -> tuple[list[tuple[float, float]], Callable[[float, float], float | None] | None]:
-        """Speech regions (seconds) and the VAD's confidence over a span (``SpeechAnalysis.confidence``;
-        ``None`` without a VAD, when everything counts as speech). Raises Canceled when ``should_cancel``
-        says so between the VAD's blocks."""
-        try:
-            from transcription.audio.vad import analyse_speech
-
-            vad = analyse_speech(wave, device=self.cascade_device, should_cancel=should_cancel)
-        except ImportError:  # VAD package (silero-vad) not installed: treat everything as speech
-            return ([(0.0, len(wave) / SAMPLE_RATE)] if len(wave) else []), None
-        return vad.regions, vad.confidence
-
-    def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
-                 diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
-        duration = len(wave) / SAMPLE_RATE
-        t_vad = time.perf_counter()
-        try:
-            speech, vad_confidence = self._speech(wave, should_cancel)
-        except Canceled:  # stopped between the VAD's blocks: the abort result below, no window submitted
-            speech, vad_confidence = [], None
-        vad_s = time.perf_counter() - t_vad
-        windows = pack_windows(speech)
-        metrics: dict[str, Any] = {"vad_s": vad_s, "windows": len(windows), "speech_s": sum(e - s for s, e in speech),
-                                   "speech_end_s": max((e for _, e in speech), default=0.0)}
-        canceled = should_cancel is not None and should_cancel()
-        if not windows or canceled:  # canceled while decoding or VAD ran: no window reaches the engine
-            metrics.update(queue_wait_s=0.0, encoder_s=0.0, prefill_s=0.0, decode_s=0.0, diarization_s=0.0,
-                           prompt_tokens=0, output_tokens=0)
-            finish_reason = FinishReason.ABORT if canceled else FinishReason.STOP
-            choice = self.languages.choose(opts.language, opts.task, lambda: None)
-            result = whisper_result(self.model_name, duration, [], finish_reason.value, metrics,
-                                    no_speech=not canceled, language=choice, speech=speech)
-            result["windows"] = []
-            if diarize and not canceled:
-                result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
-            return result
-        want_words = diarize and opts.word_timestamps
-        first = windows[0]
-        # the first speech window decides the language of all of them (OpenAI whisper's rule)
-        choice = self.languages.choose(opts.language, opts.task, lambda: self._detect_language(
-            self._mel(wave, first), opts, should_cancel))
-        decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence, choice)
-        results = decoder.run(windows, should_cancel)
-        seqs = decoder.sequences
-        segments = [seg for r in results for seg in r.segments]
-        finish = window_finish(results, decoder.canceled).value
-        metrics.update(window_metrics(results, seqs))
-        t_d = time.perf_counter()
-        turns = None
-        if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
-            try:
-                segments, turns = self._diarize(wave, speech, segments, opts, should_cancel)
-            except Canceled:  # canceled after recognition: the cascade stopped where it was
-                finish = FinishReason.ABORT.value
-        if turns is None:
-            for seg in segments:
-                seg["speaker"] = 0
-        metrics["diarization_s"] = time.perf_counter() - t_d
-        metrics.update(sequence_metrics(seqs))
-        result = whisper_result(self.model_name, duration, segments, finish, metrics, no_speech=not segments,
-                                language=choice, speech=speech)
-        result["windows"] = [r.as_dict() for r in results]
-        # windows the model judged non-speech leave the coverage denominator (diarist.completeness)
-        result["non_speech"] = [[w["start"], w["end"]] for w in result["windows"] if w["status"] == "no_speech"]
-        if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
-            result["incomplete"], result["incomplete_reason"] = True, reason
-        if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
-            result["turns"] = turns if turns is not None else []
-        return result
-
-    def _detect_language(self, mel: torch.Tensor, opts: TranscribeOptions,
-                         should_cancel: Callable[[], bool] | None) -> LanguageChoice | None:
-        """Language of one window (:meth:`WhisperLanguages.detection_sequence`); ``None`` if canceled."""
-        seq = self.languages.detection_sequence(mel, opts.admission_class)
-        self.engine.submit(seq)
-        self.engine.run_until_done([seq], should_cancel=should_cancel)
-        if seq.finish_reason == FinishReason.ERROR:
-            raise EngineError(seq.error or "engine step failed")
-        return self.languages.detected(seq)
-
-    def _mel(self, wave: np.ndarray, w: Window) -> torch.Tensor:
-        chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
-        return log_mel_spectrogram(chunk, self.engine.model.config.num_mel_bins)[0]
-
-    def _decoder(self, wave: np.ndarray, speech: list[tuple[float, float]], opts: TranscribeOptions,
-                 on_event: EventFn | None, want_words: bool,
-                 vad_confidence: Callable[[float, float], float | None] | None,
-                 choice: LanguageChoice) -> WindowDecoder:
-        """A :class:`WindowDecoder` for one recording: attempts share the prompt (in ``choice``'s language
-        and task), rules, options and one event inbox (listeners run on the decoder's thread)."""
-        language_id, task_id = self.languages.prompt_ids(choice)
-        prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
-        prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
-        inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
-        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
-        keep = want_words and bool(self.alignment_heads)
-        duration = len(wave) / SAMPLE_RATE
-        ts0 = self.tokens.timestamp_begin
-
-        def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
-            mel = self._mel(wave, w)
-            budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
-            # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
-            # a window early (timestamps count as one class, so advancing times still form a loop).
-            guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
-            return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                            mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
-                            logits_processor=self.rules,
-                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
-                            inbox=inbox)
-
-        def finalize(r: WindowResult) -> list[dict]:
-            segs = self.segments.of_window(r.window, r.seq, r.output_ids, duration, want_words, by_char)
-            if r.flag is not None:
-                for seg in segs:
-                    seg["flags"] = [r.flag]
-            return segs
-
-        return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence, self.segments.cut_at_word)
-
-    def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
-                 opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None
-                 ) -> tuple[list[dict], list[dict]]:
-        """Segments with speakers, and the diarization's own turns ``[{start, end, speaker}]`` (seconds;
-        speakers are the segments' ids; turns of two speakers may overlap). The turns say who spoke when
-        more precisely than segment edges, which follow Whisper's timestamps (docs/diarization.md).
-
-        Raises:
-            Canceled: ``should_cancel()`` returned True while the cascade ran.
-        """
-        from transcription.diarization import assign_speakers, diarize
-
-        turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
-                        max_speakers=opts.max_speakers, device=self.cascade_device,
-                        should_cancel=should_cancel)
-        return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
-                                                  for t in turns]
-
-    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
-                      should_cancel: Callable[[], bool] | None) -> dict:
-        results = [self._whisper(samples[ch], opts, None, False, should_cancel) for ch in range(samples.shape[0])]
-        return merge_channels(self.model_name, results, samples.shape[1], SAMPLE_RATE)

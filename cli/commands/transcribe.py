@@ -77,10 +77,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(e.code, e.message)
     dummy: dict = {}
     if args.dummy_config == "tiny":
-        if args.model == "moss-td":
-            from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+        from engine.loaders.registry import tiny_dummy_config
 
-            dummy = dict(TINY_DUMMY_CONFIG)
+        try:
+            dummy = tiny_dummy_config(args.model)
+        except ValueError as e:
+            return fail("bad_model", str(e))
     elif args.dummy_config:
         import json
 

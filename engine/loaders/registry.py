@@ -103,3 +103,14 @@ def load_model(cfg: EngineConfig) -> LoadedModel:
 
         return load_moss_td(cfg)
     raise ValueError(f"unknown model {cfg.model!r} (expected one of {', '.join(MODEL_FAMILIES)})")
+
+
+def tiny_dummy_config(model: str) -> dict:
+    """Shape overrides (:attr:`EngineConfig.dummy_config`) for a CI-sized random-weight model of the ``model``
+    family: :data:`engine.loaders.moss_td.TINY_DUMMY_CONFIG` for MOSS-TD, none for Whisper (its default
+    shapes, :class:`engine.models.whisper.WhisperConfig`, are tiny.en's). ValueError for an unknown family."""
+    if model not in MODEL_FAMILIES:
+        raise ValueError(f"unknown model {model!r} (expected one of {', '.join(MODEL_FAMILIES)})")
+    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+
+    return dict({"moss-td": TINY_DUMMY_CONFIG}.get(model, {}))

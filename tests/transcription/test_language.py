@@ -64,7 +64,7 @@ def tiny(whisper_engine):
 
 
 def test_english_only_assumes_english_and_refuses_the_rest(tiny, whisper_engine):
-    assert not tiny.languages.can_detect and tiny.languages.codes == ("en",)
+    assert not tiny.pipeline.languages.can_detect and tiny.pipeline.languages.codes == ("en",)
     steps = whisper_engine.counters["steps"]
     for opts, code in ((TranscribeOptions(language="de"), "unsupported_language"),
                        (TranscribeOptions(task="translate"), "unsupported_task")):

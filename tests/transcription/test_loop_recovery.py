@@ -48,7 +48,7 @@ def tr(whisper_engine):
 
 
 def transcribe(tr: Transcriber, when, after: int = 6) -> dict:
-    tr.rules = ForceLoop(tr.rules, when, after)
+    tr.pipeline.rules = ForceLoop(tr.pipeline.rules, when, after)
     return tr.transcribe(data_file(CLIP), TranscribeOptions(diarize=False))
 
 
@@ -74,7 +74,7 @@ def test_a_loop_at_every_temperature_resumes_after_the_last_good_segment(tr):
     ref = norm(data_file("en_jfk_inaugural/jfk.txt").read_text())
 
     def when(seq) -> bool:  # the recording's first window (its speech starts at 0.2 s), after a segment closed
-        closed = sum(1 for t in seq.output_ids if t >= tr.tokens.timestamp_begin) >= 2
+        closed = sum(1 for t in seq.output_ids if t >= tr.pipeline.tokens.timestamp_begin) >= 2
         return seq.tag.start < 1.0 and closed
 
     r = transcribe(tr, when, after=0)

@@ -113,7 +113,7 @@ def test_cancel_before_the_windows_are_submitted_sends_nothing_to_the_engine(tr,
 
 def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine):
     from engine import Sequence
-    from transcription.transcriber import window_budget
+    from transcription.options import window_budget
 
     assert window_budget(1.0) == 64 and window_budget(12.0) == 120 and window_budget(30.0) == 300
     s = Sequence(prompt_ids=[50257] * 200, max_new_tokens=window_budget(30.0))

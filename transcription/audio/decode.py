@@ -143,9 +143,14 @@ class Frontend(str, Enum):
 
     @classmethod
     def for_family(cls, family: str) -> Frontend:
-        """The frontend of a model family's official loader: ``ffmpeg`` for ``whisper``, ``librosa`` for
-        ``moss-td``. Whoever decodes for an engine (the transcriber, a worker) asks here."""
-        return cls.FFMPEG if family == "whisper" else cls.LIBROSA
+        """The frontend of a model family's official loader (:attr:`engine.config.ModelFamily.frontend`:
+        ``ffmpeg`` for ``whisper``, ``librosa`` for ``moss-td``). Whoever decodes for an engine (a family's
+        pipeline, a worker) asks here. Raises ValueError for an unknown family."""
+        from engine.config import FAMILIES  # torch-free
+
+        if family not in FAMILIES:
+            raise ValueError(f"unknown model family {family!r}")
+        return cls(FAMILIES[family].frontend)
 
 
 def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
