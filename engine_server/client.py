@@ -122,7 +122,7 @@ class HttpEngineClient:
                    cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
         import httpx
 
-        from transcription.audio.decode import AudioError, Frontend, decode_audio
+        from transcription.audio import AudioError, Frontend, decode_audio
 
         try:
             opts = TranscribeOptions.from_json(options, admission_class=admission_class)

@@ -16,7 +16,11 @@ def __getattr__(name: str):
         from engine.models.mel import log_mel_spectrogram
 
         return log_mel_spectrogram
-    if name in ("AudioError", "DecodedAudio", "Frontend", "decode_audio", "probe_duration"):
+    if name in ("AudioError", "DecodedAudio", "Frontend"):  # numpy only: no PyAV
+        from transcription.audio import samples
+
+        return getattr(samples, name)
+    if name in ("decode_audio", "probe_duration"):
         from transcription.audio import decode
 
         return getattr(decode, name)
