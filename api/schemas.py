@@ -7,7 +7,7 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
 
 from diarist.contract.options import MAX_SPEAKERS, OPTION_FIELDS, TASKS, check_hints
 from diarist.contract.result import EngineMetrics
@@ -19,7 +19,11 @@ TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose
 
 
 class JobOptions(BaseModel):
-    """Transcription options (names follow OpenAI / AssemblyAI)."""
+    """Transcription options (names follow OpenAI / AssemblyAI). An unknown field is refused (422
+    ``invalid_request`` naming it): a misspelt option (``num_speaker``) must not silently run with the
+    default."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="Model name; see DIARIST_SERVED_MODELS. Default: the server's.")
     language: str | None = Field(None, max_length=16, description="ISO 639-1 code of the speech, e.g. `en`; "
