@@ -1,19 +1,18 @@
-"""The result of one transcription as it crosses a process boundary: finish reasons, metrics, shape checks.
+"""The result of one transcription as it crosses a layer or process boundary: finish reasons, metrics, and
+the typed result (:class:`TranscriptionResult` of :class:`Segment` of :class:`Word`) with its JSON form.
 
-The pipeline (``transcription.result``) builds the result as a JSON object: ``duration`` (seconds),
-``language``/``language_source``/``language_probability``/``task``, ``model``, ``segments`` (objects with
-``start``, ``end`` in seconds, ``text``, ``speaker``, ``words``?, ``channel``?, ``flags``?),
-``finish_reason`` (:data:`FINISH_REASONS`), ``speech`` (detected speech ``[[start, end], ...]``),
-``coverage``/``incomplete``/``incomplete_reason`` (``diarist.completeness``), ``no_speech``, ``warnings``,
-``turns``?, and ``metrics`` (:class:`EngineMetrics` fields plus the pipeline's own timings).
-:meth:`diarist.transcript.Transcript.from_engine` normalises it into the service's schema; :func:`check_result`
-is the check at the engine server's stream, so a malformed result is a clear error there rather than a
-``KeyError`` further on.
+The pipeline (``transcription.result``) assembles the result as a JSON object internally and hands it over
+typed (``TranscriptionResult.from_json`` at the end of ``Transcriber.transcribe``); the engine server writes
+it with :meth:`TranscriptionResult.to_json` in its stream's ``result`` line, the HTTP client reads it back
+with :meth:`TranscriptionResult.from_json`, which checks every field by name, and
+:meth:`diarist.transcript.Transcript.from_engine` normalises it into the service's schema. A malformed result
+is a :class:`ProtocolError` at that boundary rather than a ``KeyError`` further on.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -55,36 +54,249 @@ METRIC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(EngineMetrics))
 """The metric names with a column of their own; any other metric of a result is kept as extra."""
 
 
-def check_result(raw: Any) -> dict[str, Any]:
-    """``raw`` if it has the shape of a result (above), for the service to normalise.
+Speaker = int | str | None
+"""A speaker as the pipeline labels it: a cluster index, a ``S01``/``CH1``-style label, or ``None`` (unknown);
+the service relabels them (``diarist.transcript``)."""
 
-    Checked: a JSON object; ``duration`` a finite number >= 0; ``finish_reason`` one of
-    :data:`FINISH_REASONS`; ``segments`` a list of objects each with a string ``text`` and a number or
-    ``null`` ``start``/``end``; ``metrics`` an object. Other fields are the service's to read leniently.
 
-    Raises:
-        ProtocolError: the first rule broken, named.
+@dataclass
+class Word:
+    """One word of a segment: ``word`` (its text, with its leading space), ``start``/``end`` in seconds from
+    the start of the recording, and its ``speaker`` once the diarization assigned one."""
+
+    word: str
+    start: float | None
+    end: float | None
+    speaker: Speaker = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any other field the pipeline wrote (kept on the wire, not interpreted)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The word as a JSON object (``speaker`` only when set)."""
+        return _put({"word": self.word, "start": self.start, "end": self.end}, speaker=self.speaker) | self.extra
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "word") -> Word:
+        """The word of ``raw``. Raises :class:`ProtocolError` naming ``where`` and the field broken."""
+        r = _Reader(raw, where)
+        return cls(r.text("word"), r.num("start"), r.num("end"),
+                   r.speaker("speaker"), r.rest())
+
+
+@dataclass
+class Segment:
+    """A run of speech: ``start``/``end`` in seconds (``end`` ``None``: an unterminated MOSS-TD segment, which
+    the service closes), ``text``, ``speaker``, ``words`` when word timestamps were computed, ``channel``
+    (0-based) in a multichannel result, ``flags`` when the text is doubtful (``repetition``, ``repetitive``,
+    ``low_confidence``: ``transcription.decode_quality``)."""
+
+    start: float | None
+    end: float | None
+    text: str
+    speaker: Speaker = None
+    words: list[Word] | None = None
+    channel: int | None = None
+    flags: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Any other field the pipeline wrote (kept on the wire, not interpreted)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The segment as a JSON object, the optional fields only when set."""
+        out = {"start": self.start, "end": self.end, "text": self.text}
+        return _put(out, speaker=self.speaker, words=None if self.words is None else [w.to_json() for w in self.words],
+                    channel=self.channel, flags=self.flags) | self.extra
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "segment") -> Segment:
+        """The segment of ``raw``. Raises :class:`ProtocolError` naming ``where`` and the field broken."""
+        r = _Reader(raw, where)
+        words = r.array("words")
+        return cls(r.num("start"), r.num("end"), r.text("text"), r.speaker("speaker"),
+                   None if words is None else [Word.from_json(w, f"{where} word {i}") for i, w in enumerate(words)],
+                   r.integer("channel"), r.texts("flags"), r.rest())
+
+
+@dataclass
+class TranscriptionResult:
+    """The result of one transcription, as the pipeline returns it and the engine server's ``result`` line
+    carries it (the JSON form: :meth:`to_json`; times in seconds from the start of the recording).
+
+    Always there: ``duration`` (seconds of audio), ``finish_reason`` (:data:`FINISH_REASONS`), ``segments``,
+    ``metrics`` (:class:`EngineMetrics`) with the pipeline's own timings and counts in ``pipeline_metrics``
+    (``vad_s``, ``windows``, ``diarization_s``, ``audio_decode_s``, ``worker_decode_s``, ...: one JSON
+    ``metrics`` object on the wire). Set by every finished result: ``language``/``language_source``/
+    ``language_probability``/``task`` (``transcription.language.LanguageChoice``), ``model``, ``speech``
+    (detected speech ``[[start, end], ...]``), ``coverage``/``incomplete``/``incomplete_reason``
+    (``diarist.completeness``), ``no_speech``, ``warnings`` (``{"code", "message", "count"?}``).
+    The family's own (``None`` when absent): ``family`` (``moss-td``; absent for Whisper), ``windows`` (each
+    Whisper window's outcome), ``non_speech`` (windows the model judged non-speech), ``turns`` (the
+    diarization's ``{"speaker", "start", "end"}``), ``random_weights``, ``repetition``/``marker_interval_s``/
+    ``parse_issues``/``sections`` (MOSS-TD), ``engine_id`` (the engine server that ran it). ``extra``: any
+    other field, kept on the wire uninterpreted.
     """
-    if not isinstance(raw, dict):
-        raise ProtocolError(f"the result must be a JSON object, not {type(raw).__name__}")
-    duration = raw.get("duration")
-    if not _number(duration) or duration < 0:
-        raise ProtocolError(f"the result's duration must be a finite number >= 0, not {duration!r}")
-    if raw.get("finish_reason") not in FINISH_REASONS:
-        raise ProtocolError(f"the result's finish_reason must be one of {', '.join(FINISH_REASONS)}, "
-                            f"not {raw.get('finish_reason')!r}")
-    segments = raw.get("segments")
-    if not isinstance(segments, list):
-        raise ProtocolError(f"the result's segments must be a list, not {type(segments).__name__}")
-    for i, seg in enumerate(segments):
-        if not isinstance(seg, dict) or not isinstance(seg.get("text"), str):
-            raise ProtocolError(f"segment {i} of the result must be an object with a string text: {seg!r}")
-        if not all(seg.get(k) is None or _number(seg[k]) for k in ("start", "end")):
-            raise ProtocolError(f"segment {i} of the result has a start or end that is not a number: {seg!r}")
-    if not isinstance(raw.get("metrics"), dict):
-        raise ProtocolError("the result's metrics must be a JSON object")
+
+    duration: float
+    finish_reason: str
+    segments: list[Segment]
+    metrics: EngineMetrics = field(default_factory=EngineMetrics)
+    pipeline_metrics: dict[str, Any] = field(default_factory=dict)
+    language: str | None = None
+    language_source: str | None = None
+    language_probability: float | None = None
+    task: str | None = None
+    model: str | None = None
+    speech: list[list[float]] | None = None
+    coverage: float | None = None
+    no_speech: bool | None = None
+    incomplete: bool | None = None
+    incomplete_reason: str | None = None
+    warnings: list[dict[str, Any]] | None = None
+    family: str | None = None
+    windows: list[dict[str, Any]] | None = None
+    non_speech: list[list[float]] | None = None
+    turns: list[dict[str, Any]] | None = None
+    random_weights: bool | None = None
+    repetition: Any = None
+    marker_interval_s: float | None = None
+    parse_issues: list[Any] | None = None
+    sections: list[dict[str, Any]] | None = None
+    engine_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as the JSON object the wire carries: the fields that are set (``None`` is written as
+        absence; every reader takes the two alike), ``metrics`` the engine's and the pipeline's together."""
+        out: dict[str, Any] = {"duration": self.duration, "finish_reason": self.finish_reason,
+                               "segments": [s.to_json() for s in self.segments],
+                               "metrics": self.metrics.to_json() | self.pipeline_metrics}
+        for f in fields(self):
+            if f.name not in out and f.name not in ("pipeline_metrics", "extra"):
+                _put(out, **{f.name: getattr(self, f.name)})
+        return out | self.extra
+
+    @classmethod
+    def from_json(cls, raw: Any) -> TranscriptionResult:
+        """The result ``raw`` (a JSON object) describes, checked field by field.
+
+        Raises:
+            ProtocolError: not an object, a missing ``duration``/``finish_reason``/``segments``/``metrics``,
+                or a field of the wrong type (named): ``duration`` a finite number >= 0, ``finish_reason``
+                one of :data:`FINISH_REASONS`, segments with a string ``text`` and number-or-null times.
+        """
+        r = _Reader(raw, "the result")
+        duration = r.num("duration", required=True, null=False)
+        if duration < 0:
+            raise ProtocolError(f"the result's duration must be a finite number >= 0, not {duration!r}")
+        finish = r.value("finish_reason")
+        if not isinstance(finish, str) or finish not in FINISH_REASONS:
+            raise ProtocolError(f"the result's finish_reason must be one of {', '.join(FINISH_REASONS)}, "
+                                f"not {finish!r}")
+        segments = r.array("segments", required=True)
+        metrics = r.obj("metrics", required=True)
+        engine = {k: metrics[k] for k in METRIC_FIELDS if k in metrics}
+        for k, v in engine.items():
+            if v is not None and not _number(v):
+                raise ProtocolError(f"the result's metrics.{k} must be a number, not {v!r}")
+        return cls(
+            duration=duration, finish_reason=finish,
+            segments=[Segment.from_json(s, f"segment {i} of the result") for i, s in enumerate(segments)],
+            metrics=EngineMetrics(**engine), pipeline_metrics={k: v for k, v in metrics.items() if k not in engine},
+            language=r.text("language", null=True), language_source=r.text("language_source", null=True),
+            language_probability=r.num("language_probability"), task=r.text("task", null=True),
+            model=r.text("model", null=True), speech=r.array("speech"), coverage=r.num("coverage"),
+            no_speech=r.flag("no_speech"), incomplete=r.flag("incomplete"),
+            incomplete_reason=r.text("incomplete_reason", null=True), warnings=r.array("warnings"),
+            family=r.text("family", null=True), windows=r.array("windows"), non_speech=r.array("non_speech"),
+            turns=r.array("turns"), random_weights=r.flag("random_weights"), repetition=r.value("repetition"),
+            marker_interval_s=r.num("marker_interval_s"), parse_issues=r.array("parse_issues"),
+            sections=r.array("sections"), engine_id=r.text("engine_id", null=True), extra=r.rest())
+
+
+def check_result(raw: Any) -> dict[str, Any]:
+    """``raw`` if :meth:`TranscriptionResult.from_json` takes it. Raises :class:`ProtocolError` otherwise."""
+    TranscriptionResult.from_json(raw)
     return raw
 
 
+def _put(out: dict[str, Any], **values: Any) -> dict[str, Any]:
+    """``out`` with the ``values`` that are not ``None``."""
+    out.update((k, v) for k, v in values.items() if v is not None)
+    return out
+
+
+class _Reader:
+    """Reads the fields of one JSON object, each once, raising :class:`ProtocolError` with ``where`` and the
+    field's name for a missing or mistyped one; :meth:`rest` is what no read took."""
+
+    def __init__(self, raw: Any, where: str) -> None:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{where} must be a JSON object, not {type(raw).__name__}: {str(raw)[:200]}")
+        self.raw, self.where, self.taken = raw, where, set()
+
+    def _get(self, key: str, required: bool) -> Any:
+        self.taken.add(key)
+        if key not in self.raw and required:
+            raise ProtocolError(f"{self.where} has no {key!r}")
+        return self.raw.get(key)
+
+    def _bad(self, key: str, kind: str, v: Any) -> ProtocolError:
+        return ProtocolError(f"{self.where}: {key} must be {kind}, not {str(v)[:200]!r}")
+
+    def num(self, key: str, required: bool = False, null: bool = True) -> Any:
+        v = self._get(key, required)
+        if (v is None and null) or _number(v):
+            return v
+        raise self._bad(key, "a finite number", v)
+
+    def text(self, key: str, null: bool = False) -> Any:
+        v = self._get(key, required=not null)
+        if isinstance(v, str) or (v is None and null):
+            return v
+        raise self._bad(key, "a string", v)
+
+    def integer(self, key: str) -> Any:
+        v = self._get(key, False)
+        if v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            return v
+        raise self._bad(key, "an integer", v)
+
+    def flag(self, key: str) -> Any:
+        v = self._get(key, False)
+        if v is None or isinstance(v, bool):
+            return v
+        raise self._bad(key, "true or false", v)
+
+    def speaker(self, key: str) -> Any:
+        v = self._get(key, False)
+        if v is None or isinstance(v, str) or (isinstance(v, numbers.Integral) and not isinstance(v, bool)):
+            return v
+        raise self._bad(key, "a speaker label (a string or an integer)", v)
+
+    def array(self, key: str, required: bool = False) -> Any:
+        v = self._get(key, required)
+        if (v is None and not required) or isinstance(v, list):
+            return v
+        raise self._bad(key, "a list", v)
+
+    def texts(self, key: str) -> Any:
+        v = self.array(key)
+        if v is None or all(isinstance(x, str) for x in v):
+            return v
+        raise self._bad(key, "a list of strings", v)
+
+    def obj(self, key: str, required: bool = False) -> Any:
+        v = self._get(key, required)
+        if (v is None and not required) or isinstance(v, dict):
+            return v
+        raise self._bad(key, "a JSON object", v)
+
+    def value(self, key: str) -> Any:
+        return self._get(key, False)
+
+    def rest(self) -> dict[str, Any]:
+        return {k: v for k, v in self.raw.items() if k not in self.taken}
+
+
 def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    # numbers.Real: numpy scalars from the pipeline count too
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
