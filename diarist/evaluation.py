@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from diarist import scoring
+from diarist.contract.result import TranscriptionResult
 from diarist.references import Item, References, discover, load_references, unmatched_references
 from diarist.transcript import Transcript
 
 __all__ = ["Item", "References", "aggregate", "discover", "evaluate", "load_references", "score_item"]
 
-TranscribeFn = Callable[..., dict]
+TranscribeFn = Callable[..., TranscriptionResult]
 
 
 def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> dict[str, Any]:
@@ -78,12 +79,13 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
              on_item: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Transcribe and score every referenced item of ``data_dir``; returns the report dict.
 
-    ``transcribe_fn(path, **hints) -> engine result dict`` (see
+    ``transcribe_fn(path, **hints) -> TranscriptionResult`` (see
     :meth:`Transcript.from_engine`); ``hints`` is ``{"multichannel": True}`` for items
     with per-channel references, else empty. ``patterns``: fnmatch globs on item ids
     (``"en_ami*"``). ``timing``: ``"wall"`` (measure ``transcribe_fn``) or
-    ``"reported"`` (use ``result["metrics"]["processing_s"]``). ``save_dir``: write
-    each raw result as ``<item id with / -> __>.json`` for later re-scoring.
+    ``"reported"`` (use the result's ``metrics.processing_s``). ``save_dir``: write
+    each raw result (:meth:`TranscriptionResult.to_json`) as ``<item id with / -> __>.json`` for later
+    re-scoring.
     Failures (reference, transcription, invalid result) are recorded per item as
     messages. Raises ``FileNotFoundError`` if ``data_dir`` is not a directory.
     """
@@ -130,8 +132,8 @@ def _run_item(item: Item, transcribe_fn: TranscribeFn, collars: tuple[float, ...
         return rec
     if save_dir is not None:
         Path(save_dir).mkdir(parents=True, exist_ok=True)
-        (Path(save_dir) / (item.id.replace("/", "__") + ".json")).write_text(json.dumps(result, default=str))
-    processing = wall if timing == "wall" else (result.get("metrics") or {}).get("processing_s")
+        (Path(save_dir) / (item.id.replace("/", "__") + ".json")).write_text(json.dumps(result.to_json(), default=str))
+    processing = wall if timing == "wall" else result.metrics.processing_s
     rec.update(duration=t.duration, processing_s=processing,
                rtf=processing / t.duration if processing is not None and t.duration > 0 else None,
                finish_reason=t.finish_reason, coverage=t.coverage, no_speech=t.no_speech, model=t.model,

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, update
 from sqlalchemy.orm import Session
 
-from diarist.contract.result import METRIC_FIELDS
+from diarist.contract.result import METRIC_FIELDS, TranscriptionResult
 from diarist.models import FINAL_STATES, Job, JobMetrics, JobStatus, WebhookOutbox, new_id, utcnow
 from diarist.services import Services
 
@@ -126,11 +126,10 @@ def set_progress(svc: Services, job_id: str, progress: float, owner: str | None 
                                                          updated_at=now)).rowcount == 1
 
 
-def complete(svc: Services, job_id: str, transcript_key: str, transcript: Any, result: dict,
+def complete(svc: Services, job_id: str, transcript_key: str, transcript: Any, result: TranscriptionResult,
              engine_id: str | None, owner: str | None = None) -> bool:
     """``processing → completed`` with the transcript key and the metrics row; False if it lost a race
     (with ``owner``: also when that attempt no longer holds the lease)."""
-    metrics = result.get("metrics") or {}
     where = _owned(job_id, owner) if owner is not None else and_(Job.id == job_id,
                                                                    Job.status == JobStatus.PROCESSING.value)
     with svc.db.session() as s:
@@ -143,11 +142,11 @@ def complete(svc: Services, job_id: str, transcript_key: str, transcript: Any, r
             return False
         row = s.get(JobMetrics, job_id) or JobMetrics(job_id=job_id)
         for k in METRIC_FIELDS:
-            setattr(row, k, metrics.get(k))
+            setattr(row, k, getattr(result.metrics, k))
         row.finish_reason = transcript.finish_reason
         row.coverage = transcript.coverage
         row.engine_id = engine_id
-        row.extra = {k: v for k, v in metrics.items() if k not in METRIC_FIELDS and _jsonable(v)}
+        row.extra = {k: v for k, v in result.pipeline_metrics.items() if _jsonable(v)}
         s.merge(row)
         final = _record_final(svc, s, job_id)
     _announce(svc, final)

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diarist.completeness import assess
 from diarist.contract.options import TASKS
-from diarist.contract.result import FINISH_REASONS
+from diarist.contract.result import FINISH_REASONS, TranscriptionResult
+from diarist.contract.result import Segment as ResultSegment
 
 FinishReason = Literal[FINISH_REASONS]  # type: ignore[valid-type] - the contract's one list
 
@@ -152,27 +153,23 @@ class Transcript(BaseModel):
         return out
 
     @classmethod
-    def from_engine(cls, result: dict[str, Any]) -> Transcript:
-        """Normalise an engine transcription result into a :class:`Transcript`.
+    def from_engine(cls, result: TranscriptionResult) -> Transcript:
+        """Normalise an engine transcription result (:class:`diarist.contract.result.TranscriptionResult`, all
+        times seconds) into a :class:`Transcript`.
 
-        ``result`` is the dict from ``transcription.transcriber`` (all times seconds):
-        ``{"duration", "language", "model", "segments": [{"speaker", "start", "end",
-        "text", "words"?: [{"word", "start", "end", "speaker"?}], "channel"?}],
-        "finish_reason", "no_speech", "turns"?: [{"speaker", "start", "end"}], ...}``. Speakers may be ints, ``"S03"``-style
-        strings, channel labels or ``None``. A segment ``end`` of ``None`` (an
-        unterminated MOSS-TD segment) becomes the next segment's start, else the
-        duration. Segments whose text is empty after whitespace collapsing are dropped.
-        Turns are clamped to ``[0, duration]``; a turn without a finite ``start`` and ``end``, of zero length
-        after clamping, or without a speaker is dropped; ``turns`` that is not a list gives ``None``.
+        Speakers may be ints, ``"S03"``-style strings, channel labels or ``None``. A segment ``end`` of
+        ``None`` (an unterminated MOSS-TD segment) becomes the next segment's start, else the duration.
+        Segments whose text is empty after whitespace collapsing are dropped. Turns are clamped to
+        ``[0, duration]``; a turn without a finite ``start`` and ``end``, of zero length after clamping, or
+        without a speaker is dropped. A result read from JSON: :meth:`from_engine_json`.
 
-        Raises ``ValueError`` when ``duration`` is missing/negative/not finite or
-        ``finish_reason`` is unknown (pydantic ``ValidationError`` is a ValueError).
+        Raises ``ValueError`` when ``duration`` is negative or not finite or ``finish_reason`` is unknown
+        (pydantic ``ValidationError`` is a ValueError).
         """
-        duration = _finite(result.get("duration"))
+        duration = _finite(result.duration)
         if duration is None or duration < 0:
-            raise ValueError(f"engine result has no valid duration: {result.get('duration')!r}")
-        raw = [s for s in (result.get("segments") or []) if isinstance(s, dict)]
-        raw.sort(key=lambda s: _finite(s.get("start")) or 0.0)
+            raise ValueError(f"engine result has no valid duration: {result.duration!r}")
+        raw = sorted(result.segments, key=lambda s: _finite(s.start) or 0.0)
         timed = _clamp_segments(raw, duration)
         timed = _monotonic_per_speaker(timed)
         timed.sort(key=lambda s: s["start"])  # stable: per-speaker order is kept
@@ -204,9 +201,10 @@ class Transcript(BaseModel):
                                     text=s["text"], words=words, channel=s["channel"], flags=s["flags"]))
 
         turns = None
-        if isinstance(result.get("turns"), list):
+        if result.turns is not None:
             turns = []
-            for tr in sorted((x for x in result["turns"] if isinstance(x, dict)),
+            # turns are the diarization's free-form objects (speaker, start, end): read leniently
+            for tr in sorted((x for x in result.turns if isinstance(x, dict)),
                              key=lambda x: _finite(x.get("start")) or 0.0):
                 start, end = _finite(tr.get("start")), _finite(tr.get("end"))
                 if start is None or end is None:  # a turn without its times says nothing about when
@@ -219,25 +217,29 @@ class Transcript(BaseModel):
                 turns = None
 
         duration = _ms(duration)
-        finish = result.get("finish_reason") or "stop"
-        finish = getattr(finish, "value", finish)  # tolerate engine FinishReason enums
-        verdict = assess({**result, "finish_reason": finish})  # the pipeline's input: the same verdict
+        finish = result.finish_reason or "stop"
+        verdict = assess({**result.to_json(), "finish_reason": finish})  # the pipeline's input: the same verdict
         coverage = None if verdict.coverage is None else round(verdict.coverage, 4)
-        no_speech = bool(result.get("no_speech")) or (not segments and finish == "stop")
-        incomplete, reason = verdict.incomplete, verdict.reason
+        no_speech = bool(result.no_speech) or (not segments and finish == "stop")
         return cls(
-            duration=duration, language=result.get("language") or None,
-            language_source=result.get("language_source") or None,
-            language_probability=_finite(result.get("language_probability")),
-            task=result.get("task") or "transcribe",
-            model=str(result.get("model") or "unknown"),
-            speakers=list(labels.values()), segments=segments,
-            finish_reason=finish, coverage=coverage, no_speech=no_speech,
-            incomplete=incomplete, incomplete_reason=reason, speaker_names=names or None, turns=turns,
-            random_weights=bool(result.get("random_weights")),
-            marker_interval_s=_finite(result.get("marker_interval_s")),
-            warnings=[ResultWarning.model_validate(w) for w in result.get("warnings") or [] if isinstance(w, dict)],
+            duration=duration, language=result.language or None, language_source=result.language_source or None,
+            language_probability=_finite(result.language_probability), task=result.task or "transcribe",
+            model=str(result.model or "unknown"), speakers=list(labels.values()), segments=segments,
+            finish_reason=finish, coverage=coverage, no_speech=no_speech, incomplete=verdict.incomplete,
+            incomplete_reason=verdict.reason, speaker_names=names or None, turns=turns,
+            random_weights=bool(result.random_weights), marker_interval_s=_finite(result.marker_interval_s),
+            warnings=[ResultWarning.model_validate(w) for w in result.warnings or [] if isinstance(w, dict)],
         )
+
+    @classmethod
+    def from_engine_json(cls, raw: Any) -> Transcript:
+        """:meth:`from_engine` of a result in its JSON form (a saved raw result, a test's fixture).
+
+        Raises:
+            ProtocolError: ``raw`` is not a result (:meth:`TranscriptionResult.from_json`).
+            ValueError: what :meth:`from_engine` raises.
+        """
+        return cls.from_engine(TranscriptionResult.from_json(raw))
 
 
 def _finite(value: Any) -> float | None:
@@ -268,36 +270,31 @@ def _ms(seconds: float) -> float:
     return round(seconds, 3)
 
 
-def _clamp_segments(raw: list[dict], duration: float) -> list[dict]:
+def _clamp_segments(raw: list[ResultSegment], duration: float) -> list[dict]:
     """Clamp segment and word times to [0, duration]; fill missing ends; drop empty text."""
     out = []
     for i, s in enumerate(raw):
-        start = _clamp(_finite(s.get("start")), 0.0, duration)
-        end = _finite(s.get("end"))
+        start = _clamp(_finite(s.start), 0.0, duration)
+        end = _finite(s.end)
         if end is None:  # unterminated: runs until the next segment or the end of audio
-            nxt = next((_finite(r.get("start")) for r in raw[i + 1:] if _finite(r.get("start")) is not None),
-                       None)
+            nxt = next((_finite(r.start) for r in raw[i + 1:] if _finite(r.start) is not None), None)
             end = duration if nxt is None else nxt
         end = _clamp(end, start, duration)
-        text = " ".join(str(s.get("text") or "").split())
+        text = " ".join(s.text.split())
         if not text:
             continue
         words = None
-        if isinstance(s.get("words"), list):
+        if s.words is not None:
             words, prev_end = [], 0.0
-            for w in s["words"]:
-                if not isinstance(w, dict) or not str(w.get("word") or "").strip():
+            for w in s.words:
+                if not w.word.strip():
                     continue
-                ws = _clamp(_finite(w.get("start")), prev_end, duration)
-                we = _clamp(_finite(w.get("end")), ws, duration)
-                words.append({"word": str(w["word"]), "start": ws, "end": we, "speaker": w.get("speaker")})
+                ws = _clamp(_finite(w.start), prev_end, duration)
+                we = _clamp(_finite(w.end), ws, duration)
+                words.append({"word": w.word, "start": ws, "end": we, "speaker": w.speaker})
                 prev_end = we
-        channel = s.get("channel")
-        flags = s.get("flags")
-        flags = [str(f) for f in flags] if isinstance(flags, list) and flags else None
-        out.append({"speaker": s.get("speaker"), "start": start, "end": end, "text": text, "words": words,
-                    "channel": channel if isinstance(channel, int) and not isinstance(channel, bool) else None,
-                    "flags": flags})
+        out.append({"speaker": s.speaker, "start": start, "end": end, "text": text, "words": words,
+                    "channel": s.channel, "flags": s.flags or None})
     return out
 
 

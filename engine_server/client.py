@@ -2,7 +2,7 @@
 
 Both clients take a local audio path and job options, call ``on_event(kind, payload)`` with the engine's
 streaming events (:mod:`diarist.contract.events`: ``queued``, ``started``, ``delta``, ``segment``, ``finished``)
-and return the engine result dict (:mod:`diarist.contract.result`). Failures become :class:`JobFailure` with a
+and return the typed result (:class:`diarist.contract.result.TranscriptionResult`). Failures become :class:`JobFailure` with a
 machine code; ``retryable`` says whether another attempt could succeed. A ``cancel`` signal
 (:class:`CancelSignal`, e.g. ``worker.cancel.CancelToken``) stops the engine work as soon as it is set: the call then raises
 :class:`JobFailure` ``canceled`` (not retryable). ``admission_class`` (``short``, ``long`` or
@@ -16,12 +16,14 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from diarist.contract.errors import CodedError, ProtocolError
 from diarist.contract.events import ErrorLine, ResultLine, from_line, payload
 from diarist.contract.options import TranscribeOptions
+from diarist.contract.result import TranscriptionResult
 from diarist.logs import current_job_id
 from diarist.outages import Dependency
 from engine_server.protocol import request_headers
@@ -65,7 +67,7 @@ class EngineClient(Protocol):
     engine_id: str
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
         """Raises JobFailure (``canceled`` once ``cancel`` is set)."""
 
     def ready(self) -> bool: ...
@@ -79,7 +81,7 @@ class InProcessEngineClient:
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
         try:
             opts = TranscribeOptions.from_json(options, admission_class=admission_class)
             # The transcriber polls the token between stages and the engine while it decodes: aborting
@@ -104,7 +106,7 @@ class HttpEngineClient:
     (``benchmarks/results/service_gpu_h200.md``). Undecodable audio fails here with the decoder's code, before
     any engine call; the result's ``metrics.worker_decode_s`` is the decode time (seconds).
 
-    The last line is ``{"type": "result", "result": {...}}`` or ``{"type": "error", "code", "message"}``.
+    The last line is ``{"type": "result", "result": {...}}`` (read with :meth:`TranscriptionResult.from_json`) or ``{"type": "error", "code", "message"}``.
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
     Once ``cancel`` is set the stream's socket is shut down from the cancelling thread, even while this
     one is blocked reading a stream with nothing to say (prefill, windows that all end at once): the
@@ -119,7 +121,7 @@ class HttpEngineClient:
         self.family = family  # the engine's model family: the audio is decoded as its official loader does
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
         import httpx
 
         from transcription.audio import AudioError, Frontend, decode_audio
@@ -158,9 +160,8 @@ class HttpEngineClient:
                         continue
                     msg = from_line(line)  # ProtocolError: a line that breaks the contract
                     if isinstance(msg, ResultLine):
-                        result = dict(msg.result)
-                        result["metrics"] = {**result["metrics"], "worker_decode_s": decode_s}
-                        return result
+                        return replace(msg.result, pipeline_metrics={**msg.result.pipeline_metrics,
+                                                                     "worker_decode_s": decode_s})
                     if isinstance(msg, ErrorLine):
                         raise JobFailure(msg.code, msg.message, retryable=msg.code == "engine_error")
                     if on_event is not None:

@@ -30,6 +30,7 @@ import os
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +44,7 @@ from api.metrics import engine_metrics_router
 from diarist.contract.errors import CodedError
 from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
 from diarist.contract.options import TranscribeOptions
+from diarist.contract.result import TranscriptionResult
 from diarist.logs import job_context
 from diarist.pcm import PcmFormat
 from engine_server.protocol import MEDIA_TYPE, read_request
@@ -110,7 +112,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     app.include_router(engine_metrics_router(engine, engine_id))  # Prometheus /metrics
 
     def run(source: Path | DecodedAudio, opts: TranscribeOptions, on_event: Any, cancel: threading.Event,
-            job_id: str | None = None) -> dict:
+            job_id: str | None = None) -> TranscriptionResult:
         """The transcription's result; raises what :meth:`Transcriber.transcribe` raises (coded errors),
         their messages without the spooled upload's path."""
         try:
@@ -140,7 +142,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             try:
                 # each event is checked as it is made (make): a pipeline bug is caught here, not in a worker
                 result = run(source, opts, lambda k, p: put(make(k, p)), cancel, job_id)
-                put(ResultLine({**result, "engine_id": engine_id}))
+                put(ResultLine(replace(result, engine_id=engine_id)))
             except CodedError as e:
                 put(ErrorLine.of(e))
             except Exception as e:  # the stream must end with a line the worker understands
@@ -196,7 +198,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
                     if line.type == "delta":
                         yield f"data: {json.dumps({'type': 'transcript.text.delta', 'delta': line.text})}\n\n"
                     elif isinstance(line, ResultLine):
-                        done = openai_done_event(Transcript.from_engine(dict(line.result)))
+                        done = openai_done_event(Transcript.from_engine(line.result))
                         yield f"data: {json.dumps(done, ensure_ascii=False)}\n\n"
                     elif isinstance(line, ErrorLine):
                         error = {"type": line.type, "code": line.code, "message": line.message}

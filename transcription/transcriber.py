@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from diarist.contract.options import TranscribeOptions
+from diarist.contract.result import TranscriptionResult
 from engine.engine import Engine
 from engine.request import RequestRejected
 from transcription.audio import DecodedAudio, decode_audio
@@ -55,12 +56,13 @@ class Transcriber:
 
     # -- public ---------------------------------------------------------------------------------------
     def transcribe(self, source: Any, options: TranscribeOptions | None = None,
-                   on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None) -> dict:
+                   on_event: EventFn | None = None, should_cancel: Callable[[], bool] | None = None
+                   ) -> TranscriptionResult:
         """Transcribe a recording (path, bytes, binary file object, or audio its caller decoded:
         :class:`transcription.audio.DecodedAudio`).
 
         Returns:
-            A JSON-able dict: ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
+            A :class:`TranscriptionResult` (its JSON form: ``to_json``): ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
             (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
             ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``speech`` (detected speech ``[[start, end], ...]``),
@@ -84,7 +86,8 @@ class Transcriber:
             EngineError: a sequence failed inside the engine.
         """
         try:
-            return self._transcribe(source, options or TranscribeOptions(), on_event, should_cancel)
+            return TranscriptionResult.from_json(self._transcribe(source, options or TranscribeOptions(), on_event,
+                                                                  should_cancel))
         except Rejected:
             raise
         except RequestRejected as e:  # the engine's own refusal: a coded error of the contract from here on

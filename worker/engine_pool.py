@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from diarist.contract.result import TranscriptionResult
 from engine_server.client import EngineClient, EventFn, HttpEngineClient, JobFailure
 from worker.cancel import CancelToken
 
@@ -84,7 +85,7 @@ class EnginePool:
             return list(self._in_flight)
 
     def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None, admission_class: str = "default") -> dict:
+                   cancel: CancelToken | None = None, admission_class: str = "default") -> TranscriptionResult:
         """The first answering engine's :meth:`EngineClient.transcribe` (same arguments, result and errors).
 
         Raises:

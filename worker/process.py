@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from diarist import jobs
+from diarist.contract.result import TranscriptionResult
 from diarist.models import Job, utcnow
 from diarist.outages import Dependency, classify
 from diarist.storage import ObjectNotFound
@@ -137,7 +138,7 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
                                           cancel=token, admission_class=routing.admission_class(job.queue))
             t_done = time.perf_counter()
         transcript = Transcript.from_engine(result)
-        result.setdefault("metrics", {}).update(worker_fetch_s=t_engine - t_fetch, worker_engine_s=t_done - t_engine)
+        result.pipeline_metrics.update(worker_fetch_s=t_engine - t_fetch, worker_engine_s=t_done - t_engine)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
         return _fail(rt, job_id, "audio_missing", "the uploaded audio is no longer in the object store")
@@ -163,7 +164,7 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
     return _store(rt, job, lease, transcript, result)
 
 
-def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: dict) -> Outcome:
+def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: TranscriptionResult) -> Outcome:
     """Keep the engine's work: outages of the store or the database are waited out here (bounded)."""
     svc, job_id = rt.services, job.id
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
@@ -171,9 +172,9 @@ def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: 
     _durable(rt, lambda: svc.store.put_bytes(key, transcript.model_dump_json().encode()))
     # Where the worker's time went, beside the engine's own metrics (kept in the metrics row's ``extra``):
     # fetching the audio and the engine call (set by _attempt), storing the result.
-    result.setdefault("metrics", {})["worker_store_s"] = time.perf_counter() - t_store
+    result.pipeline_metrics["worker_store_s"] = time.perf_counter() - t_store
     # The engine server names itself in the result; the client's own id is the fallback (in-process).
-    engine_id = result.get("engine_id") or rt.engine.engine_id
+    engine_id = result.engine_id or rt.engine.engine_id
     if _durable(rt, lambda: jobs.complete(svc, job_id, key, transcript, result, engine_id, owner=lease.owner)):
         # Earlier attempts that died between storing and completing left their transcript behind.
         for n in range(1, job.attempts):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.commands import plain
+from diarist.contract.result import TranscriptionResult
 from diarist.evaluation import TranscribeFn, evaluate
 
 DEFAULT_COLLARS = (0.0, 0.25)
@@ -65,7 +66,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def engine_transcribe_fn(model: str, model_path: str | None, device: str, diarize: bool = True) -> TranscribeFn:
-    """Build ``transcribe_fn(path, multichannel=False) -> engine result`` on an in-process engine.
+    """Build ``transcribe_fn(path, multichannel=False) -> TranscriptionResult`` on an in-process engine.
 
     Imports torch and the engine (only here: the rest of ``diarist eval`` does not need them).
     """
@@ -75,22 +76,24 @@ def engine_transcribe_fn(model: str, model_path: str | None, device: str, diariz
 
     transcriber = Transcriber(Engine(Settings().engine_config(model=model, model_path=model_path, device=device)))
 
-    def transcribe(path: Path, multichannel: bool = False) -> dict:
+    def transcribe(path: Path, multichannel: bool = False) -> TranscriptionResult:
         return transcriber.transcribe(str(path), TranscribeOptions(multichannel=multichannel, diarize=diarize))
 
     return transcribe
 
 
 def replay_transcribe_fn(hyp_dir: str | Path, data_dir: str | Path) -> TranscribeFn:
-    """``transcribe_fn`` returning results saved by ``--save-hyp``; item ids are relative to ``data_dir``."""
+    """``transcribe_fn`` returning results saved by ``--save-hyp`` (read with
+    :meth:`TranscriptionResult.from_json`: a malformed file is that item's error); item ids are relative to
+    ``data_dir``."""
     hyp_dir, data_dir = Path(hyp_dir), Path(data_dir)
 
-    def replay(path: Path, **_hints: Any) -> dict:
+    def replay(path: Path, **_hints: Any) -> TranscriptionResult:
         name = Path(path).relative_to(data_dir).as_posix()
         f = hyp_dir / (name.replace("/", "__") + ".json")
         if not f.is_file():
             raise FileNotFoundError(f"no saved result for {name} in {hyp_dir} (expected {f.name})")
-        return json.loads(f.read_text(encoding="utf-8"))
+        return TranscriptionResult.from_json(json.loads(f.read_text(encoding="utf-8")))
 
     return replay
 

@@ -33,7 +33,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from diarist.contract.errors import CodedError, ProtocolError
-from diarist.contract.result import FINISH_REASONS, check_result
+from diarist.contract.result import FINISH_REASONS, TranscriptionResult
 
 _NUM, _STR, _OBJ = "a number", "a string", "an object"
 
@@ -90,10 +90,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class ResultLine:
-    """The stream's last line when the transcription succeeded: the whole result."""
+    """The stream's last line when the transcription succeeded: the whole result (its JSON form on the wire:
+    :meth:`TranscriptionResult.to_json`, read back with :meth:`TranscriptionResult.from_json`)."""
 
     type: ClassVar[str] = "result"
-    result: Mapping[str, Any] = _f(_OBJ)
+    result: TranscriptionResult = _f(_OBJ)  # noqa: RUF009 - a field() with metadata, no shared default
 
 
 @dataclass(frozen=True)
@@ -121,13 +122,13 @@ EVENT_TYPES = tuple(c.type for c in (Queued, Started, Delta, SegmentDone, Finish
 
 def payload(line: Line) -> dict[str, Any]:
     """The fields of ``line`` without its type: the ``payload`` of ``on_event(kind, payload)``."""
-    return asdict(line)
+    return {"result": line.result.to_json()} if isinstance(line, ResultLine) else asdict(line)
 
 
 def to_line(line: Line) -> str:
     """``line`` as one NDJSON line (``\\n``-terminated): numpy scalars as numbers, other non-JSON values as
     strings."""
-    return json.dumps({"type": line.type, **asdict(line)}, default=_json_default) + "\n"
+    return json.dumps({"type": line.type, **payload(line)}, default=_json_default) + "\n"
 
 
 def _json_default(v: Any) -> Any:
@@ -161,7 +162,7 @@ def make(kind: str, values: dict[str, Any]) -> Line:
     if kind == "finished" and args["finish_reason"] not in FINISH_REASONS:
         raise ProtocolError(f"finished event: unknown finish_reason {args['finish_reason']!r}")
     if kind == "result":
-        check_result(args["result"])
+        args["result"] = TranscriptionResult.from_json(args["result"])
     return cls(**args)
 
 

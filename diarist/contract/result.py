@@ -298,5 +298,10 @@ class _Reader:
 
 
 def _number(v: Any) -> bool:
-    # numbers.Real: numpy scalars from the pipeline count too
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+    # numbers.Real: numpy scalars from the pipeline count too; an int beyond float range is not finite
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False

@@ -79,12 +79,12 @@ def test_without_speech_detection_the_given_coverage_is_kept():
 
 def test_transcript_applies_the_same_rule():
     r = result([seg(0, 10), seg(30, 60)], [[0, 30], [30, 60]], duration=60.0)
-    t = Transcript.from_engine(r)
+    t = Transcript.from_engine_json(r)
     v = assess(r)
     assert t.coverage == pytest.approx(v.coverage, abs=1e-4) and t.incomplete and t.incomplete_reason == v.reason
     # re-assessing the pipeline's verdict gives the same verdict (the pipeline and the service agree)
     assert assess({**r, **v.fields()}) == v
-    ok = Transcript.from_engine(result([seg(0.2, 9.9)], [[0, 10]], duration=10.0))
+    ok = Transcript.from_engine_json(result([seg(0.2, 9.9)], [[0, 10]], duration=10.0))
     assert not ok.incomplete and ok.coverage == pytest.approx(0.97)
 
 
@@ -93,7 +93,7 @@ def test_a_segment_of_a_window_that_still_failed_makes_it_incomplete():
     v = assess(r)
     assert v.coverage == 1.0 and v.incomplete
     assert v.reason == "the text at 10.0-20.0 s comes from windows that still failed after re-decoding"
-    assert Transcript.from_engine(r).incomplete_reason == v.reason  # the service reads the same flag
+    assert Transcript.from_engine_json(r).incomplete_reason == v.reason  # the service reads the same flag
 
 
 def test_malformed_model_output_is_incomplete():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diarist.contract.result import TranscriptionResult
 from diarist.evaluation import evaluate, item_language
 
 
@@ -30,10 +31,10 @@ def test_by_language_pools_each_language_apart(tmp_path: Path):
             w.writeframes(b"\0\0" * 16000)
         p.with_suffix(".txt").write_text(text, encoding="utf-8")
 
-    def fake(path: Path, **_hints) -> dict:
-        return {"duration": 1.0, "language": "xx", "language_source": "detected", "model": "fake",
+    def fake(path: Path, **_hints) -> TranscriptionResult:
+        return TranscriptionResult.from_json({"duration": 1.0, "language": "xx", "language_source": "detected", "model": "fake",
                 "segments": [{"speaker": 0, "start": 0.0, "end": 1.0, "text": hyps[path.name]}],
-                "finish_reason": "stop"}
+                "finish_reason": "stop", "metrics": {}})
 
     report = evaluate(tmp_path, fake)
     by = report["by_language"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.commands import eval as eval_cmd
+from diarist.contract.result import TranscriptionResult
 from diarist.evaluation import discover, evaluate
 from diarist.scoring import normalize_text
 from tests.conftest import DATA  # ../shared/data, or DIARIST_TEST_DATA
@@ -19,8 +20,9 @@ needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared test data not 
 
 
 def engine_result(segments, duration):
-    return {"duration": duration, "language": "en", "model": "fake", "segments": segments,
-            "finish_reason": "stop", "coverage": None, "no_speech": not segments, "metrics": {}}
+    return TranscriptionResult.from_json({"duration": duration, "language": "en", "model": "fake",
+                                          "segments": segments, "finish_reason": "stop", "coverage": None,
+                                          "no_speech": not segments, "metrics": {}})
 
 
 def from_rttm(path, duration):
@@ -215,7 +217,7 @@ def test_bad_references_and_failing_transcriber_give_messages(tmp_path):
 
 
 def test_invalid_engine_result_is_an_item_error(synthetic):
-    report = evaluate(synthetic, lambda p, **h: {"segments": []}, patterns=["meet/*"])
+    report = evaluate(synthetic, lambda p, **h: TranscriptionResult.from_json({"segments": []}), patterns=["meet/*"])
     assert "duration" in report["items"][0]["error"]
 
 

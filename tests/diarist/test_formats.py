@@ -28,11 +28,11 @@ EXT = {"json": "json", "txt": "txt", "text": "text.txt", "srt": "srt", "vtt": "v
 
 @pytest.fixture(scope="module")
 def t():
-    return Transcript.from_engine(json.loads((GOLDEN / "engine_result.json").read_text()))
+    return Transcript.from_engine_json(json.loads((GOLDEN / "engine_result.json").read_text()))
 
 
 def empty():
-    return Transcript.from_engine({"duration": 3.0, "language": None, "model": "m", "segments": [],
+    return Transcript.from_engine_json({"duration": 3.0, "language": None, "model": "m", "segments": [], "metrics": {},
                                    "finish_reason": "stop"})
 
 
@@ -149,12 +149,12 @@ def test_schema_formats_and_eval_import_without_torch_or_engine():
 def test_rttm_writes_the_diarization_turns_when_present(tmp_path):
     from pyannote.database.util import load_rttm
 
-    result = {"duration": 10.0, "model": "m", "finish_reason": "stop",
+    result = {"duration": 10.0, "model": "m", "finish_reason": "stop", "metrics": {},
               "segments": [{"speaker": 1, "start": 0.5, "end": 4.0, "text": "hello there"},
                            {"speaker": 0, "start": 4.2, "end": 9.0, "text": "hi"}],
               "turns": [{"speaker": 1, "start": 0.8, "end": 3.9}, {"speaker": 0, "start": 3.5, "end": 8.7},
                         {"speaker": 2, "start": 9.2, "end": 11.0}, {"speaker": 0, "start": 5.0, "end": 5.0}]}
-    t = Transcript.from_engine(result)
+    t = Transcript.from_engine_json(result)
     # labels follow the segments; a speaker with turns but no words comes last
     assert t.speakers == ["S01", "S02", "S03"]
     assert [(x.speaker, x.start, x.end) for x in t.turns] == [("S01", 0.8, 3.9), ("S02", 3.5, 8.7),
@@ -196,7 +196,7 @@ def test_odd_engine_turns_give_valid_rttm_lines():
     @settings(max_examples=300, deadline=None)
     @given(st.lists(turn, max_size=8), st.sampled_from([0.0, 0.5, 20.0]))
     def check(turns, duration):
-        tr = Transcript.from_engine({"duration": duration, "model": "m", "turns": turns,
+        tr = Transcript.from_engine_json({"duration": duration, "model": "m", "turns": turns, "finish_reason": "stop", "metrics": {},
                                      "segments": [{"speaker": 0, "start": 0.0, "end": 0.4, "text": "hi"}]})
         turns = tr.turns or []  # None: no usable turn, the segments stand in
         assert all(0 <= x.start < x.end <= duration for x in turns)
@@ -240,7 +240,7 @@ def test_openai_json_shapes_and_done_event_carry_completeness(t):
 def test_openai_fields_of_a_budget_stop_and_a_warning():
     from diarist.formats import render_openai
 
-    t = Transcript.from_engine({"duration": 20.0, "model": "m", "finish_reason": "length", "speech": [[0, 20]],
+    t = Transcript.from_engine_json({"duration": 20.0, "model": "m", "finish_reason": "length", "metrics": {}, "speech": [[0, 20]],
                                 "segments": [{"speaker": 0, "start": 0.0, "end": 5.0, "text": "cut"}],
                                 "warnings": [{"code": "invalid_samples", "count": 3, "message": "3 replaced"}]})
     data = json.loads(render_openai(t, "verbose_json")[0])

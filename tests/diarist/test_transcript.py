@@ -4,14 +4,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diarist.contract.errors import ProtocolError
+from diarist.contract.result import TranscriptionResult
 from diarist.transcript import Transcript
 
 
-def result(segments, duration=10.0, **kw):
+def raw_result(segments, duration=10.0, **kw):
     base = {"duration": duration, "language": "en", "model": "tiny.en", "segments": segments,
             "finish_reason": "stop", "coverage": None, "no_speech": False, "metrics": {}}
     base.update(kw)
     return base
+
+
+def result(segments, duration=10.0, **kw):
+    """The typed result (what the engine clients return) of :func:`raw_result`."""
+    return TranscriptionResult.from_json(raw_result(segments, duration, **kw))
 
 
 def seg(speaker, start, end, text="x", words=None):
@@ -116,13 +123,17 @@ def test_empty_result_is_no_speech():
 
 @pytest.mark.parametrize("bad", [None, -1.0, float("nan"), "x"])
 def test_invalid_duration_raises(bad):
-    with pytest.raises(ValueError, match="duration"):
-        Transcript.from_engine(result([], duration=bad))
+    with pytest.raises(ProtocolError, match="duration"):  # at the boundary, reading the JSON
+        Transcript.from_engine_json(raw_result([], duration=bad))
+    with pytest.raises(ValueError, match="duration"):  # a typed result built wrong in this process
+        Transcript.from_engine(TranscriptionResult(duration=bad, finish_reason="stop", segments=[]))
 
 
 def test_unknown_finish_reason_raises():
+    with pytest.raises(ProtocolError, match="finish_reason"):
+        Transcript.from_engine_json(raw_result([], finish_reason="tired"))
     with pytest.raises(ValueError):
-        Transcript.from_engine(result([], finish_reason="tired"))
+        Transcript.from_engine(TranscriptionResult(duration=1.0, finish_reason="tired", segments=[]))
 
 
 _SPEAKERS = st.one_of(st.none(), st.integers(0, 5), st.sampled_from(["S01", "S02", "S07", "left", "right"]))
@@ -154,7 +165,7 @@ def test_invariants_hold_for_any_engine_result(r):
     first_seen = list(dict.fromkeys(s.speaker for s in t.segments if s.speaker))
     assert first_seen == t.speakers == [f"S{i:02d}" for i in range(1, len(t.speakers) + 1)]
     assert 0.0 <= t.coverage <= 1.0
-    if not any(e > s for s, e in r["speech"]):
+    if not any(e > s for s, e in r.speech):
         assert t.coverage == 1.0  # no detected speech: none was missed
     assert Transcript.model_validate_json(t.model_dump_json()) == t
 
@@ -186,19 +197,19 @@ def test_numpy_integer_speakers_share_labels_with_int_speakers():
 
 
 @pytest.mark.parametrize("where", ["duration", "segment", "turn"])
-def test_times_too_large_for_a_float_are_a_value_error_or_dropped(where):
+def test_times_too_large_for_a_float_are_refused_at_the_boundary_or_dropped(where):
     huge = 10**400  # float(huge) raises OverflowError, not ValueError
-    r = result([seg(0, 1.0, 2.0)], turns=[{"speaker": 0, "start": 1.0, "end": 2.0}])
-    if where == "duration":
-        r["duration"] = huge
-        with pytest.raises(ValueError, match="duration"):
-            Transcript.from_engine(r)
+    r = raw_result([seg(0, 1.0, 2.0)], turns=[{"speaker": 0, "start": 1.0, "end": 2.0}])
+    if where in ("duration", "segment"):  # refused at the boundary, the field named
+        if where == "duration":
+            r["duration"] = huge
+        else:
+            r["segments"].append(seg(1, 3.0, huge))
+        with pytest.raises(ProtocolError, match="duration" if where == "duration" else "segment 1 .*end"):
+            TranscriptionResult.from_json(r)
         return
-    if where == "segment":
-        r["segments"].append(seg(1, 3.0, huge))
-    else:
-        r["turns"].append({"speaker": 0, "start": huge, "end": 3.0})
-    t = Transcript.from_engine(r)
+    r["turns"].append({"speaker": 0, "start": huge, "end": 3.0})  # turns are read leniently: dropped
+    t = Transcript.from_engine_json(r)
     assert all(0 <= s.start <= s.end <= t.duration for s in t.segments)
     assert [(x.start, x.end) for x in t.turns] == [(1.0, 2.0)]
 
@@ -212,12 +223,12 @@ def test_stored_json_with_non_finite_times_is_refused(field):
 
 
 def test_no_usable_turn_falls_back_to_segments():
-    result = {"duration": 5.0, "model": "m", "finish_reason": "stop",
+    result = {"duration": 5.0, "model": "m", "finish_reason": "stop", "metrics": {},
               "segments": [{"speaker": 0, "start": 0.5, "end": 2.0, "text": "hi"}],
               "turns": [{"speaker": 0, "start": None, "end": 1.0}, {"speaker": 0, "start": 3.0, "end": 3.0}]}
-    t = Transcript.from_engine(result)
+    t = Transcript.from_engine_json(result)
     assert t.turns is None  # an empty list would make the RTTM say nobody spoke
     from diarist.formats import to_rttm
 
     assert to_rttm(t).split()[3:5] == ["0.500", "1.500"]
-    assert Transcript.from_engine({**result, "segments": []}).turns == []
+    assert Transcript.from_engine_json({**result, "segments": []}).turns == []

@@ -77,7 +77,7 @@ def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(st
                                            on_event=lambda k, p: events.append((k, p)), admission_class="short")
     assert events == [("queued", {"duration": 0.5}), ("started", {}), ("delta", {"text": "hello"}),
                       ("segment", {"start": 0.0, "end": None, "text": "hello", "speaker": "S01"})]
-    assert out["segments"] == engine_result()["segments"] and out["metrics"]["worker_decode_s"] >= 0
+    assert out.to_json()["segments"] == engine_result()["segments"] and out.pipeline_metrics["worker_decode_s"] >= 0
     assert json.loads(seen[0]["headers"][OPTIONS_HEADER]) == {"language": "en"}
     assert (seen[0]["headers"][ADMISSION_CLASS_HEADER], seen[0]["headers"][PROTOCOL_HEADER]) == ("short", str(PROTOCOL_VERSION))
 
@@ -85,7 +85,7 @@ def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(st
 @pytest.mark.parametrize(("line", "says"), [
     ('{"type": "segment", "start": 0, "text": "x"}', "segment event without its 'end'"),
     ('{"type": "result", "result": {"duration": 1, "finish_reason": "stop", "segments": []}}',
-     "metrics must be a JSON object"),
+     "the result has no 'metrics'"),
     ("<html>oops</html>", "not JSON"),
 ])
 def test_a_malformed_line_fails_the_attempt_as_a_retryable_protocol_error(stand_in, tmp_path, line, says):

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diarist.contract.result import TranscriptionResult
 from engine_server.client import HttpEngineClient, InProcessEngineClient
 from worker import routing
 
@@ -109,7 +110,7 @@ def test_in_process_client_sets_the_class(moss, noise_wav, klass):
     rec.take()
     client = InProcessEngineClient(Transcriber(engine, fixed_output_tokens=4))
     result = client.transcribe(noise_wav, {}, admission_class=klass)
-    assert result["metrics"]["prompt_tokens"] > 0
+    assert result.metrics.prompt_tokens > 0
     assert rec.take() == [klass]
 
 
@@ -118,7 +119,7 @@ def test_http_client_sets_the_class(moss, moss_server, noise_wav, klass):
     _engine, rec = moss
     rec.take()
     result = HttpEngineClient(moss_server, timeout_s=60).transcribe(noise_wav, {}, admission_class=klass)
-    assert result["engine_id"] == "adm"
+    assert result.engine_id == "adm"
     assert rec.take() == [klass]
 
 
@@ -168,7 +169,7 @@ def test_every_whisper_window_gets_the_class(whisper_engine, tmp_path):
         client = InProcessEngineClient(Transcriber(whisper_engine))
         result = client.transcribe(long, {"num_speakers": 1}, admission_class="long")
         classes = rec.take()
-        assert result["metrics"]["decode_attempts"] == len(classes) >= result["metrics"]["windows"] >= 2
+        assert result.pipeline_metrics["decode_attempts"] == len(classes) >= result.pipeline_metrics["windows"] >= 2
         assert set(classes) == {"long"}
     finally:
         rec.restore()
@@ -188,8 +189,7 @@ def test_process_job_sends_the_class_of_the_job_queue(services, make_job):
 
         def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
             seen.append(admission_class)
-            return {"duration": 1.0, "segments": [], "finish_reason": "stop", "coverage": None,
-                    "no_speech": True, "metrics": {}}
+            return TranscriptionResult(duration=1.0, segments=[], finish_reason="stop", no_speech=True)
 
     rt = Runtime(services=services, engine=Engine(), dispatcher=CeleryDispatcher(services.settings))
     for queue in (routing.SHORT, routing.LONG):

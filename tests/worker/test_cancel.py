@@ -101,7 +101,7 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     with stand_in_engine(lambda: result) as (url, requests), job_context("job_" + "0" * 32):
         out = HttpEngineClient(url).transcribe(audio, {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2})
     seen = requests[0]
-    assert out["segments"] == [] and out["metrics"]["worker_decode_s"] >= 0
+    assert out.segments == [] and out.pipeline_metrics["worker_decode_s"] >= 0
     assert seen["path"] == "/internal/transcribe"
     # the worker decoded the file: the body is its samples, described by the PCM header
     assert json.loads(seen["headers"]["x-diarist-pcm"])["frames"] == 8000

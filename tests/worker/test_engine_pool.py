@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import io
 import threading
+from dataclasses import replace
 
 import pytest
 
+from diarist.contract.result import TranscriptionResult
 from diarist.models import Job
 from diarist.outages import Dependency
 from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import wav_bytes
 from tests.stand_in_engine import stand_in_engine
-from tests.worker.fakes import engine_result
+from tests.worker.fakes import engine_result, typed_result
 from worker.engine_pool import EnginePool, engine_client
 
 
@@ -23,11 +25,12 @@ class Fake:
     def __init__(self, name: str, fail: JobFailure | None = None) -> None:
         self.engine_id, self.url, self.fail, self.calls = name, f"http://{name}", fail, []
 
-    def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default") -> dict:
+    def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"
+                   ) -> TranscriptionResult:
         self.calls.append((options, admission_class))
         if self.fail is not None:
             raise self.fail
-        return {**engine_result(), "engine_id": self.engine_id}
+        return replace(typed_result(), engine_id=self.engine_id)
 
     def ready(self) -> bool:
         return self.fail is None
@@ -49,7 +52,7 @@ def test_the_own_engine_serves_while_it_answers(tmp_path):
     a, b = Fake("a"), Fake("b")
     pool = EnginePool([a, b])
     for _ in range(3):
-        assert pool.transcribe(tmp_path, {"language": "en"}, admission_class="long")["engine_id"] == "a"
+        assert pool.transcribe(tmp_path, {"language": "en"}, admission_class="long").engine_id == "a"
     assert len(a.calls) == 3 and b.calls == []
     assert (pool.engine_id, pool.url, pool.ready()) == ("a", "http://a", True)
 
@@ -59,7 +62,7 @@ def test_a_down_engine_fails_over_with_the_same_request_and_is_tried_last_for_th
     a, b = Fake("a", fail=down()), Fake("b")
     pool = EnginePool([a, b], down_hold_s=5.0, clock=clock)
     out = pool.transcribe(tmp_path, {"language": "en"}, admission_class="long")
-    assert out["engine_id"] == "b"
+    assert out.engine_id == "b"
     # the same attempt, unchanged: the duration class keeps its own admission on the other engine
     assert a.calls == [({"language": "en"}, "long")] and b.calls == [({"language": "en"}, "long")]
     assert pool.order() == [1, 0]
@@ -68,7 +71,7 @@ def test_a_down_engine_fails_over_with_the_same_request_and_is_tried_last_for_th
     a.fail = None  # the engine is back; after the hold it is the first choice again
     clock.t += 5.0
     assert pool.order() == [0, 1]
-    assert pool.transcribe(tmp_path, {})["engine_id"] == "a"
+    assert pool.transcribe(tmp_path, {}).engine_id == "a"
 
 
 def test_the_jobs_of_a_dead_engine_spread_over_the_live_ones_by_requests_in_flight(tmp_path):
@@ -79,14 +82,14 @@ def test_the_jobs_of_a_dead_engine_spread_over_the_live_ones_by_requests_in_flig
     def slow(audio, options, on_event=None, cancel=None, admission_class="default"):
         started.set()
         gate.wait(10)
-        return {**engine_result(), "engine_id": "b"}
+        return replace(typed_result(), engine_id="b")
 
     b.transcribe = slow  # b holds one request in flight
     t = threading.Thread(target=pool.transcribe, args=(tmp_path, {}))
     t.start()
     assert started.wait(10)
     assert pool.in_flight() == [0, 1, 0]
-    assert pool.transcribe(tmp_path, {})["engine_id"] == "c"  # b is busier
+    assert pool.transcribe(tmp_path, {}).engine_id == "c"  # b is busier
     gate.set()
     t.join(10)
     assert pool.in_flight() == [0, 0, 0]
@@ -133,7 +136,7 @@ def test_a_dropped_request_does_not_clear_a_refusal(tmp_path):
     t = threading.Thread(target=in_flight)
     t.start()
     assert inside.wait(10)
-    assert pool.transcribe(tmp_path, {})["engine_id"] == "b"  # refused by a, served by b
+    assert pool.transcribe(tmp_path, {}).engine_id == "b"  # refused by a, served by b
     gate.set()
     t.join(10)
     assert [e.code for e in dropped] == ["engine_error"] and len(b.calls) == 1
