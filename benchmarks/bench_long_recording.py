@@ -67,7 +67,7 @@ def child(path: str, device: str, diarize: bool) -> None:
     r = tr.transcribe(path, TranscribeOptions(diarize=diarize))
     wall = time.perf_counter() - t0
     t = Transcript.from_engine(r)
-    print(json.dumps({"wall_s": wall, "metrics": r["metrics"], "segments": len(t.segments),
+    print(json.dumps({"wall_s": wall, "metrics": r.to_json()["metrics"], "segments": len(t.segments),
                       "words": len(t.text.split()), "speakers": len(t.speakers), "finish_reason": t.finish_reason,
                       "coverage": t.coverage, "incomplete": t.incomplete, "incomplete_reason": t.incomplete_reason}),
           flush=True)

@@ -89,10 +89,10 @@ def main() -> None:
         t0 = time.perf_counter()
         r = tr.transcribe(source, TranscribeOptions(diarize=False))
         whisper._speech = speech_fn
-        hyp = norm(" ".join(s["text"] for s in r["segments"]))
+        hyp = norm(" ".join(s.text for s in r.segments))
         item = {"item": name, "words": len(hyp.split()), "seconds": round(time.perf_counter() - t0, 2),
-                "finish_reason": r["finish_reason"], "incomplete": r.get("incomplete"),
-                "incomplete_reason": r.get("incomplete_reason"), "windows": r.get("windows"), "text": hyp}
+                "finish_reason": r.finish_reason, "incomplete": r.incomplete,
+                "incomplete_reason": r.incomplete_reason, "windows": r.windows, "text": hyp}
         if ref is not None:
             out = jiwer.process_words(norm(ref), hyp) if norm(ref) else None
             item.update(ref_words=len(norm(ref).split()),

@@ -28,7 +28,7 @@ def _text(hyp_dir: Path, item_id: str) -> str:
     from diarist.transcript import Transcript
 
     raw = json.loads((hyp_dir / (item_id.replace("/", "__") + ".json")).read_text())
-    return Transcript.from_engine(raw).text
+    return Transcript.from_engine_json(raw).text
 
 
 def _clip(rec: dict, hyp_dir: Path, data_dir: Path) -> dict:
