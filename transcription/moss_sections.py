@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diarist.contract.result import EngineMetrics
 from engine.models.moss_td_prompt import build_prompt
 
 SAMPLE_RATE = 16_000
@@ -181,10 +182,11 @@ def transcribe_sections(engine, wave: np.ndarray, options, on_event, should_canc
     finish = next((r["finish_reason"] for r in results if r["finish_reason"] != "stop"), "stop")
     issues = [f"section {i + 1}: {m}" for i, r in enumerate(results) for m in r["parse_issues"]]
     t = [s.timings for s in seqs]
-    metrics = {"queue_wait_s": max(x.queue_wait_s for x in t), "encoder_s": sum(x.encoder_s for x in t),
-               "prefill_s": sum(x.prefill_s for x in t), "decode_s": max(x.decode_s for x in t),
-               "prompt_tokens": sum(r["prompt_tokens"] for r in results),
-               "output_tokens": sum(r["output_tokens"] for r in results), "vad_s": 0.0, "diarization_s": 0.0}
+    metrics = {**EngineMetrics(queue_wait_s=max(x.queue_wait_s for x in t), encoder_s=sum(x.encoder_s for x in t),
+                               prefill_s=sum(x.prefill_s for x in t), decode_s=max(x.decode_s for x in t),
+                               prompt_tokens=sum(r["prompt_tokens"] for r in results),
+                               output_tokens=sum(r["output_tokens"] for r in results)).to_json(),
+               "vad_s": 0.0, "diarization_s": 0.0}
     last = max((x["end"] for x in segments), default=0.0)
     return {"duration": duration, "segments": segments, "finish_reason": finish,
             "coverage": min(1.0, last / duration) if duration > 0 else 0.0, "no_speech": not segments,

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from diarist.contract.options import TranscribeOptions
+from diarist.contract.result import EngineMetrics
 from engine.engine import Engine
 from engine.models.mel import SAMPLE_RATE
 from engine.request import EventInbox, FinishReason, Sequence
@@ -143,10 +144,12 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     if on_event:
         live.finish(res["segments"])
     seqs = resumed.sequences if resumed else [seq]
-    metrics = {"queue_wait_s": seq.timings.queue_wait_s, "prompt_tokens": res["prompt_tokens"],
-               "output_tokens": res["output_tokens"], "vad_s": 0.0, "diarization_s": 0.0,
-               "resumes": resumed.resumes if resumed else 0,
-               **{k: sum(getattr(s.timings, k) for s in seqs) for k in ("encoder_s", "prefill_s", "decode_s")}}
+    # the engine's metrics by their contract names (stage times summed: resumes run one after the other)
+    metrics = {**EngineMetrics(queue_wait_s=seq.timings.queue_wait_s, prompt_tokens=res["prompt_tokens"],
+                               output_tokens=res["output_tokens"],
+                               **{k: sum(getattr(s.timings, k) for s in seqs)
+                                  for k in ("encoder_s", "prefill_s", "decode_s")}).to_json(),
+               "vad_s": 0.0, "diarization_s": 0.0, "resumes": resumed.resumes if resumed else 0}
     segments = [{**s, "end": s["end"] if s.get("end") is not None else s["start"]} for s in res["segments"]]
     out = {"duration": duration, "segments": segments, "finish_reason": res["finish_reason"],
            "coverage": res["coverage"], "no_speech": not segments, "metrics": metrics,
