@@ -10,7 +10,8 @@ from diarist.transcript import Transcript
 
 
 def test_live_segments_then_the_rest(monkeypatch):
-    t = Transcript.from_engine({"duration": 6.0, "model": "moss-td", "finish_reason": "stop", "segments": [
+    t = Transcript.from_engine_json({"duration": 6.0, "model": "moss-td", "finish_reason": "stop", "metrics": {},
+                                     "segments": [
         {"speaker": "S01", "start": 0.5, "end": 2.3, "text": "Morning."},
         {"speaker": "S02", "start": 2.9, "end": 5.0, "text": "Yes."}]})
     monkeypatch.setattr(route, "_finished", lambda services, job_id, events: (None, t))

@@ -131,9 +131,9 @@ def test_whisper_transcripts_async_equal_sync(whisper_engine):
     for clip in ("en_jfk_inaugural/jfk.flac", "en_2spk_phonecall_pyannote_sample/sample.wav"):
         a = Transcriber(whisper_engine).transcribe(data_file(clip), opts)
         b = Transcriber(lookahead).transcribe(data_file(clip), opts)
-        assert [(s["start"], s["end"], s["text"]) for s in b["segments"]] == \
-            [(s["start"], s["end"], s["text"]) for s in a["segments"]]
-        assert len(a["segments"]) >= 1 and b["finish_reason"] == a["finish_reason"]
+        assert [(s.start, s.end, s.text) for s in b.segments] == \
+            [(s.start, s.end, s.text) for s in a.segments]
+        assert len(a.segments) >= 1 and b.finish_reason == a.finish_reason
     assert lookahead.allocator.num_free == lookahead.allocator.num_slots
 
 

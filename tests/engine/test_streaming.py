@@ -149,7 +149,7 @@ async def stream_transcription(transcriber, source, options=None):
 
     Yields dicts ``{"type": kind, **payload}`` with kinds ``queued``, ``started``, ``delta`` ({text}),
     ``segment`` ({start, end, text}), ``finished`` ({metrics, finish_reason}) and finally ``result``
-    ({result}: the dict :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
+    ({result}: the JSON form of what :meth:`Transcriber.transcribe` returns) or ``error`` ({code, message}).
     Cancelling the iterator does not stop the engine work already submitted.
     """
     loop = asyncio.get_running_loop()
@@ -161,7 +161,7 @@ async def stream_transcription(transcriber, source, options=None):
     def work() -> None:
         try:
             result = transcriber.transcribe(source, options, on_event)
-            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result})
+            loop.call_soon_threadsafe(q.put_nowait, {"type": "result", "result": result.to_json()})
         except Exception as e:  # noqa: BLE001 - reported as an event; the caller decides the HTTP status
             code = getattr(e, "code", "engine_error")
             loop.call_soon_threadsafe(q.put_nowait, {"type": "error", "code": code, "message": str(e)})

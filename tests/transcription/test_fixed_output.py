@@ -44,10 +44,10 @@ def test_every_sequence_decodes_exactly_the_fixed_length(moss, tokens):
         result = Transcriber(moss, fixed_output_tokens=tokens).transcribe(_wav(1.0), TranscribeOptions())
     finally:
         moss.submit = submit
-    assert result["metrics"]["output_tokens"] == tokens and result["finish_reason"] == "length"
+    assert result.metrics.output_tokens == tokens and result.finish_reason == "length"
     (seq,) = seen
     assert seq.ignore_eos and seq.stop_checker is None and len(seq.output_ids) == tokens
-    assert result["metrics"]["audio_decode_s"] >= 0
+    assert result.pipeline_metrics["audio_decode_s"] >= 0
 
 
 def test_without_the_switch_the_request_path_is_unchanged(moss):

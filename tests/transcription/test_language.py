@@ -73,10 +73,10 @@ def test_english_only_assumes_english_and_refuses_the_rest(tiny, whisper_engine)
         assert e.value.code == code
     assert whisper_engine.counters["steps"] == steps  # refused before any work
     r = tiny.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(diarize=False))
-    assert (r["language"], r["language_source"], r["language_probability"], r["task"]) == \
+    assert (r.language, r.language_source, r.language_probability, r.task) == \
         ("en", "assumed", None, "transcribe")
     r = tiny.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(language="en", diarize=False))
-    assert (r["language"], r["language_source"]) == ("en", "requested")
+    assert (r.language, r.language_source) == ("en", "requested")
 
 
 # -- multilingual base ---------------------------------------------------------------------------------
@@ -93,9 +93,9 @@ def base():
 @pytest.mark.slow
 def test_base_detects_japanese_and_transcribes_it_in_japanese(base):
     r = base.transcribe(data_file("ja_picovoice_test_ja/test_ja.wav"), TranscribeOptions(diarize=False))
-    assert (r["language"], r["language_source"], r["task"]) == ("ja", "detected", "transcribe")
-    assert r["language_probability"] > 0.5
-    text = "".join(s["text"] for s in r["segments"])
+    assert (r.language, r.language_source, r.task) == ("ja", "detected", "transcribe")
+    assert r.language_probability > 0.5
+    text = "".join(s.text for s in r.segments)
     ref = data_file("ja_picovoice_test_ja/test_ja.txt").read_text().strip().rstrip("。")
     assert len(CJK.findall(text)) >= 0.8 * len(ref)  # written in Japanese, not English-sounding romaji
     import jiwer
@@ -108,7 +108,7 @@ def test_base_detects_japanese_and_transcribes_it_in_japanese(base):
 
     t = Transcript.from_engine(r)  # what the service stores and serves
     assert (t.language, t.language_source, t.task) == ("ja", "detected", "transcribe")
-    assert t.language_probability == pytest.approx(r["language_probability"])
+    assert t.language_probability == pytest.approx(r.language_probability)
     body = json.loads(to_verbose_json(t))
     assert (body["language"], body["task"]) == ("ja", "transcribe")
 
@@ -117,11 +117,11 @@ def test_base_detects_japanese_and_transcribes_it_in_japanese(base):
 def test_base_honours_a_requested_language_and_translates_only_when_asked(base):
     path = data_file("zh_aishell1_BAC009S0724W0121/aishell-BAC009S0724W0121.wav")
     zh = base.transcribe(path, TranscribeOptions(language="zh", diarize=False))
-    assert (zh["language"], zh["language_source"], zh["language_probability"]) == ("zh", "requested", None)
-    assert CJK.search(" ".join(s["text"] for s in zh["segments"]))
+    assert (zh.language, zh.language_source, zh.language_probability) == ("zh", "requested", None)
+    assert CJK.search(" ".join(s.text for s in zh.segments))
     en = base.transcribe(path, TranscribeOptions(task="translate", diarize=False))
-    assert (en["language"], en["language_source"], en["task"]) == ("zh", "detected", "translate")
-    text = " ".join(s["text"] for s in en["segments"])
+    assert (en.language, en.language_source, en.task) == ("zh", "detected", "translate")
+    text = " ".join(s.text for s in en.segments)
     assert text and not CJK.search(text) and re.search(r"[A-Za-z]{3}", text)
     from diarist.transcript import Transcript
 

@@ -53,18 +53,18 @@ def transcribe(tr: Transcriber, when, after: int = 6) -> dict:
 
 
 def text_of(r: dict) -> str:
-    return " ".join(s["text"] for s in r["segments"])
+    return " ".join(s.text for s in r.segments)
 
 
 @pytest.mark.slow
 def test_a_greedy_loop_is_decoded_again_at_a_temperature(tr):
     ref = norm(data_file("en_jfk_inaugural/jfk.txt").read_text())
     r = transcribe(tr, lambda seq: seq.sampling.temperature == 0.0)
-    (w,) = r["windows"]
+    (w,) = r.windows
     assert w["attempts"] >= 2 and w["temperature"] > 0 and w["status"] == "ok"
     assert jiwer.wer(ref, norm(text_of(r))) <= 0.1
-    assert r["finish_reason"] == "stop" and not r["incomplete"]
-    assert r["metrics"]["decode_attempts"] == w["attempts"]
+    assert r.finish_reason == "stop" and not r.incomplete
+    assert r.pipeline_metrics["decode_attempts"] == w["attempts"]
 
 
 @pytest.mark.slow
@@ -78,9 +78,9 @@ def test_a_loop_at_every_temperature_resumes_after_the_last_good_segment(tr):
         return seq.tag.start < 1.0 and closed
 
     r = transcribe(tr, when, after=0)
-    a, b = r["windows"][:2]
+    a, b = r.windows[:2]
     assert a["attempts"] == len(TEMPERATURES) and a["end"] < 11.0 and b["start"] >= a["end"]
-    assert b["status"] == "ok" and not r["incomplete"]
+    assert b["status"] == "ok" and not r.incomplete
     assert jiwer.wer(ref, norm(text_of(r))) <= 0.1
     assert "yeah" not in norm(text_of(r))
 
@@ -88,10 +88,10 @@ def test_a_loop_at_every_temperature_resumes_after_the_last_good_segment(tr):
 @pytest.mark.slow
 def test_a_window_that_always_loops_is_flagged_and_the_job_incomplete(tr):
     r = transcribe(tr, lambda seq: True)
-    failed = [w for w in r["windows"] if w["status"] == "failed"]
+    failed = [w for w in r.windows if w["status"] == "failed"]
     assert failed and all(w["flag"] == LOOP for w in failed)
-    assert r["incomplete"] and "looped" in r["incomplete_reason"] and r["finish_reason"] == "repetition"
-    assert r["segments"] and all(s["flags"] == [LOOP] for s in r["segments"] if s["start"] >= failed[0]["start"])
+    assert r.incomplete and "looped" in r.incomplete_reason and r.finish_reason == "repetition"
+    assert r.segments and all(s.flags == [LOOP] for s in r.segments if s.start >= failed[0]["start"])
     t = Transcript.from_engine(r)
-    assert t.incomplete and t.incomplete_reason == r["incomplete_reason"]
+    assert t.incomplete and t.incomplete_reason == r.incomplete_reason
     assert any(s.flags == [LOOP] for s in t.segments)

@@ -69,7 +69,7 @@ def test_a_malformed_tail_keeps_its_text_and_marks_the_job_incomplete(tail, kept
     result.update(assess(result).fields())  # what the transcriber does at the end
     assert result["incomplete"] and issue in result["incomplete_reason"]
     assert result["incomplete_reason"].startswith("malformed model output: ")
-    t = Transcript.from_engine(result)
+    t = Transcript.from_engine_json(result)
     assert t.incomplete and issue in t.incomplete_reason and t.segments[-1].text == kept
 
 

@@ -28,10 +28,10 @@ def tr(whisper_engine):
 def test_non_speech_gives_no_text(tr, rel):
     assert data_file(rel).with_suffix(".txt").read_text().strip() == ""  # the reference: no speech
     r = tr.transcribe(data_file(rel), TranscribeOptions(diarize=False))
-    assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
-    assert not r["incomplete"]
+    assert r.segments == [] and r.no_speech is True and r.finish_reason == "stop"
+    assert not r.incomplete
     # a window the VAD let through is dropped only as silence (model and VAD both in doubt)
-    assert all(w["status"] == "no_speech" for w in r["windows"])
+    assert all(w["status"] == "no_speech" for w in r.windows)
 
 
 @pytest.mark.slow
@@ -39,6 +39,6 @@ def test_effects_the_vad_passes_are_dropped_by_the_no_speech_rule(tr):
     """Big Buck Bunny's effects pass the VAD (a 2.7 s region) and tiny.en writes "Mmm." for them with a
     fair log-probability; the model's no-speech probability and the VAD's doubt drop it."""
     r = tr.transcribe(data_file(NON_SPEECH[2]), TranscribeOptions(diarize=False))
-    (w,) = r["windows"]
+    (w,) = r.windows
     assert w["status"] == "no_speech" and w["no_speech_prob"] > 0.6 and w["vad_confidence"] < 0.8
     assert w["avg_logprob"] > -1.0  # the reference decoder's rule alone would have kept the text

@@ -18,6 +18,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from diarist.contract.result import TranscriptionResult
 from tests.conftest import data_file
 from transcription.audio import SAMPLE_RATE, decode_audio
 from transcription.transcriber import TranscribeOptions, Transcriber
@@ -48,18 +49,18 @@ def tr(whisper_engine):
     return Transcriber(whisper_engine)
 
 
-def assert_seams_whole(result: dict, reference: str) -> None:
+def assert_seams_whole(result: TranscriptionResult, reference: str) -> None:
     """Every seam between two windows of one speech run joins consecutive reference words: the last word
     before it and the first after it align (equal or substituted) to reference words ``j`` and ``j + 1``."""
-    windows = result["windows"]
+    windows = result.windows
     seams = [a["end"] for a, b in itertools.pairwise(windows) if abs(a["end"] - b["start"]) < 1e-3]
     assert seams, f"no window was cut inside speech: {windows}"
     assert windows[0]["end"] < 30.0  # the cut window kept only what ends before the cut
     hyp_words, before = [], []
-    for s in result["segments"]:
-        ws = norm(s["text"]).split()
+    for s in result.segments:
+        ws = norm(s.text).split()
         hyp_words += ws
-        before.append((s["end"], len(hyp_words)))
+        before.append((s.end, len(hyp_words)))
     out = jiwer.process_words(norm(reference), " ".join(hyp_words))
     ref_of = {}
     for c in out.alignments[0]:
@@ -79,11 +80,11 @@ def test_synthetic_speech_without_a_pause_across_the_cut(tr, tmp_path):
     path = tmp_path / "long.wav"
     subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), TEXT], check=True)
     r = tr.transcribe(path, TranscribeOptions(diarize=False))
-    assert r["duration"] > 32.0 and r["metrics"]["windows_refed"] >= 1
+    assert r.duration > 32.0 and r.pipeline_metrics["windows_refed"] >= 1
     assert_seams_whole(r, TEXT)
-    out = jiwer.process_words(norm(TEXT), norm(" ".join(s["text"] for s in r["segments"])))
+    out = jiwer.process_words(norm(TEXT), norm(" ".join(s.text for s in r.segments)))
     assert out.insertions == 0 and out.deletions <= 4  # tiny.en on espeak: a few merged words elsewhere
-    assert not r["incomplete"]
+    assert not r.incomplete
 
 
 @pytest.mark.slow
@@ -105,7 +106,7 @@ def test_back_to_back_clips_decoded_as_one_speech_run(tr, monkeypatch):
     monkeypatch.setattr(tr.pipeline, "_speech", lambda w, should_cancel=None: ([(0.0, duration)], None))
     r = tr.transcribe(wav_bytes(wave), TranscribeOptions(diarize=False))
     assert_seams_whole(r, reference)
-    hyp = norm(" ".join(s["text"] for s in r["segments"]))
+    hyp = norm(" ".join(s.text for s in r.segments))
     assert hyp.count("and so my fellow americans ask not") == 1
     out = jiwer.process_words(norm(reference), hyp)
     assert out.insertions == 0 and out.deletions <= 2  # "we are" -> "we're", twice

@@ -28,22 +28,22 @@ def tr(whisper_engine):
 def test_jfk_wer_at_most_5_percent(tr):
     r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"))
     ref = data_file("en_jfk_inaugural/jfk.txt").read_text()
-    hyp = " ".join(s["text"] for s in r["segments"])
+    hyp = " ".join(s.text for s in r.segments)
     assert jiwer.wer(norm(ref), norm(hyp)) <= 0.05
-    assert len({s["speaker"] for s in r["segments"]}) == 1
-    assert r["finish_reason"] == "stop" and not r["no_speech"] and not r["incomplete"]
-    assert all(0 <= s["start"] <= s["end"] <= r["duration"] for s in r["segments"])
+    assert len({s.speaker for s in r.segments}) == 1
+    assert r.finish_reason == "stop" and not r.no_speech and not r.incomplete
+    assert all(0 <= s.start <= s.end <= r.duration for s in r.segments)
 
 
 @pytest.mark.slow
 def test_demo_recording_two_speakers_and_wer(tr):
     r = tr.transcribe(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"))
     ref = data_file("en_2spk_phonecall_pyannote_sample/sample.txt").read_text()
-    hyp = " ".join(s["text"] for s in r["segments"])
-    assert len({s["speaker"] for s in r["segments"]}) == 2
+    hyp = " ".join(s.text for s in r.segments)
+    assert len({s.speaker for s in r.segments}) == 2
     assert jiwer.wer(norm(ref), norm(hyp)) <= 0.40
-    starts = [s["start"] for s in r["segments"]]
-    assert r["segments"] and max(s["end"] for s in r["segments"]) <= 30.0
+    starts = [s.start for s in r.segments]
+    assert r.segments and max(s.end for s in r.segments) <= 30.0
     assert len(starts) >= 5
 
 
@@ -54,8 +54,8 @@ def test_demo_recording_two_speakers_and_wer(tr):
 ])
 def test_tiny_and_no_speech_inputs_give_an_empty_transcript(tr, rel):
     r = tr.transcribe(data_file(rel))
-    assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
-    assert r["turns"] == []  # the speaker cascade's answer, as docs/service.md says: nobody spoke
+    assert r.segments == [] and r.no_speech is True and r.finish_reason == "stop"
+    assert r.turns == []  # the speaker cascade's answer, as docs/service.md says: nobody spoke
 
 
 def test_digital_silence_gives_no_speech(tr):
@@ -69,7 +69,7 @@ def test_digital_silence_gives_no_speech(tr):
         w.setframerate(16000)
         w.writeframes(np.zeros(5 * 16000, dtype=np.int16).tobytes())
     r = tr.transcribe(buf.getvalue())
-    assert r["segments"] == [] and r["no_speech"] is True and r["finish_reason"] == "stop"
+    assert r.segments == [] and r.no_speech is True and r.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("payload,code", [(b"", "decode_failed"), (b"hello, not audio at all\n" * 10, "decode_failed")])
@@ -83,8 +83,8 @@ def test_bad_bytes_raise_audio_error_with_code(tr, payload, code):
 def test_multichannel_labels_by_channel(tr):
     r = tr.transcribe(data_file("en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.wav"),
                       TranscribeOptions(multichannel=True))
-    assert {s["speaker"] for s in r["segments"]} == {"CH1", "CH2"}
-    left = " ".join(s["text"] for s in r["segments"] if s["speaker"] == "CH1")
+    assert {s.speaker for s in r.segments} == {"CH1", "CH2"}
+    left = " ".join(s.text for s in r.segments if s.speaker == "CH1")
     ref = data_file("en_stereo_2spk_overlap_fasterwhisper/stereo_diarization.ch1_left.txt").read_text()
     assert jiwer.wer(norm(ref), norm(left)) <= 0.2
 
@@ -97,7 +97,7 @@ def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
 
     r = tr.transcribe(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), TranscribeOptions(diarize=False),
                       should_cancel=should_cancel)
-    assert r["finish_reason"] == "abort" and r["incomplete"] is True
+    assert r.finish_reason == "abort" and r.incomplete is True
     e = whisper_engine
     assert e.allocator.num_free == e.allocator.num_slots and e.table.num_free == e.table.max_reqs
 
@@ -106,10 +106,10 @@ def test_cancel_aborts_the_recording_and_frees_its_kv(tr, whisper_engine):
 def test_cancel_before_the_windows_are_submitted_sends_nothing_to_the_engine(tr, whisper_engine):
     steps = whisper_engine.counters["steps"]
     r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"), should_cancel=lambda: True)
-    assert r["finish_reason"] == "abort" and r["incomplete"] is True and r["segments"] == []
+    assert r.finish_reason == "abort" and r.incomplete is True and r.segments == []
     # the VAD stopped at its first block (tests/transcription/test_vad_cancel.py): no window was made
-    assert r["no_speech"] is False and r["metrics"]["windows"] == 0
-    assert r["metrics"]["prompt_tokens"] == 0 and whisper_engine.counters["steps"] == steps
+    assert r.no_speech is False and r.pipeline_metrics["windows"] == 0
+    assert r.metrics.prompt_tokens == 0 and whisper_engine.counters["steps"] == steps
 
 def test_window_budget_follows_duration_and_the_context_clamps_it(whisper_engine):
     from engine import Sequence
@@ -132,4 +132,4 @@ def test_english_only_model_refuses_other_languages(tr, whisper_engine):
     assert e.value.code == "unsupported_language" and "'zh'" in e.value.message
     assert whisper_engine.counters["steps"] == steps
     r = tr.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(language="EN"))
-    assert r["language"] == "en"
+    assert r.language == "en"

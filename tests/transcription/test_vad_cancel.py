@@ -108,7 +108,7 @@ def test_a_job_canceled_during_its_vad_aborts_before_the_engine(whisper_engine, 
     steps = whisper_engine.counters["steps"]
     poll = CancelAfter(2)
     r = Transcriber(whisper_engine).transcribe(_wav(recording(100.0)), should_cancel=poll)
-    assert r["finish_reason"] == "abort" and r["segments"] == [] and r["metrics"]["windows"] == 0
+    assert r.finish_reason == "abort" and r.segments == [] and r.pipeline_metrics["windows"] == 0
     assert len(runs) == 1 and whisper_engine.counters["steps"] == steps
 
 

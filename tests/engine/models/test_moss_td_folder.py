@@ -54,7 +54,7 @@ def test_missing_processor_config_warns_and_every_record_states_the_interval(bar
     assert st["marker_interval_s"] == 2 and st["marker_interval_source"] == "default"
     res = transcribe_moss(eng, make_audio(6, 1), Opts(), None)
     assert res["marker_interval_s"] == 2
-    assert Transcript.from_engine({**res, "model": "m"}).marker_interval_s == 2.0
+    assert Transcript.from_engine_json({**res, "model": "m"}).marker_interval_s == 2.0
 
 
 def test_setting_sets_the_interval_and_wins_over_the_folder(reference, tmp_path, caplog):

@@ -77,7 +77,7 @@ def test_transcriber_canceled_during_diarization_ends_aborted(whisper_engine, mo
     monkeypatch.setattr(pipeline, "_embed_local_speakers", started)
     monkeypatch.setattr(embedders.CamPlusPlusEmbedder, "embed", counted_embed)
     r = Transcriber(whisper_engine).transcribe(data_file(PHONE), should_cancel=lambda: state["diarizing"])
-    assert state["diarizing"] and r["segments"]  # recognition finished, then the cascade began
-    assert r["finish_reason"] == "abort" and r["incomplete"] and "turns" not in r
-    assert {s["speaker"] for s in r["segments"]} == {0}
+    assert state["diarizing"] and r.segments  # recognition finished, then the cascade began
+    assert r.finish_reason == "abort" and r.incomplete and r.turns is None
+    assert {s.speaker for s in r.segments} == {0}
     assert state["batches"] == 1  # embed was entered once and gave up before its first group

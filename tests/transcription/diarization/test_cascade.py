@@ -32,9 +32,9 @@ def test_whisper_result_carries_the_diarization_turns(whisper_engine):
 
     result = Transcriber(whisper_engine).transcribe(
         data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), TranscribeOptions(diarize=True))
-    turns = result["turns"]
-    assert {t["speaker"] for t in turns} == {s["speaker"] for s in result["segments"]} == {0, 1}
-    assert all(0 <= t["start"] < t["end"] <= result["duration"] for t in turns)
+    turns = result.turns
+    assert {t["speaker"] for t in turns} == {s.speaker for s in result.segments} == {0, 1}
+    assert all(0 <= t["start"] < t["end"] <= result.duration for t in turns)
     t = Transcript.from_engine(result)
     assert t.turns is not None and {x.speaker for x in t.turns} == set(t.speakers) == {"S01", "S02"}
 
