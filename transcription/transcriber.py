@@ -62,7 +62,8 @@ class Transcriber:
         :class:`transcription.audio.DecodedAudio`).
 
         Returns:
-            A :class:`TranscriptionResult` (its JSON form: ``to_json``): ``duration`` (s), ``language`` (code, or ``None``), ``language_source``
+            A :class:`TranscriptionResult` (the fields of its JSON form, ``to_json``): ``duration`` (s),
+            ``language`` (code, or ``None``), ``language_source``
             (``requested``, ``detected``, ``assumed``; :class:`transcription.language.LanguageChoice`),
             ``language_probability`` (detected only), ``task``, ``model``, ``segments`` [{speaker, start, end,
             text, words?}], ``finish_reason``, ``speech`` (detected speech ``[[start, end], ...]``),
