@@ -23,7 +23,7 @@ from diarist.contract.events import (
     to_line,
 )
 from diarist.contract.options import OPTION_FIELDS, TranscribeOptions
-from diarist.contract.result import FINISH_REASONS, METRIC_FIELDS, check_result
+from diarist.contract.result import FINISH_REASONS, METRIC_FIELDS, TranscriptionResult, check_result
 
 
 def _result(**over) -> dict:
@@ -34,7 +34,7 @@ def _result(**over) -> dict:
 
 def test_every_line_type_round_trips_through_its_json_line():
     lines = [Queued(12.5), Started(), Delta("hello "), SegmentDone(1.0, None, "hello", "S01"),
-             Finished("length", {"decode_s": 0.5, "output_tokens": 7}), ResultLine(_result()),
+             Finished("length", {"decode_s": 0.5, "output_tokens": 7}), ResultLine(TranscriptionResult.from_json(_result())),
              ErrorLine("too_long", "the audio lasts 9000 s")]
     for line in lines:
         text = to_line(line)
