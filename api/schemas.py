@@ -34,8 +34,9 @@ class JobOptions(BaseModel):
     prompt: str | None = Field(None, max_length=2000, description="Vocabulary / spelling hint for the decoder.")
     num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Speaker count, if known: the transcript "
                                      "lists exactly this many speakers whenever there is enough speech to embed "
-                                     "that many windows (1.5 s windows, 0.375 s apart). Whisper's speaker cascade "
-                                     "only: moss-td labels speakers itself and ignores the speaker hints.")
+                                     "that many windows (1.5 s windows, 0.375 s apart); with fewer, the result's "
+                                     "`warnings` has `fewer_speakers` with the count found. Whisper's speaker "
+                                     "cascade only: moss-td labels speakers itself and ignores the speaker hints.")
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Fewest speakers (same condition).")
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Most speakers.")
     multichannel: bool = Field(False, description="One speaker per channel.")

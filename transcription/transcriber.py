@@ -21,7 +21,7 @@ from transcription.audio import DecodedAudio, decode_audio
 from transcription.errors import EngineError, Rejected
 from transcription.pipeline import pipeline_class
 from transcription.progress import EventFn
-from transcription.result import finish_result
+from transcription.result import finish_result, speaker_hint_warnings
 
 __all__ = ["EngineError", "TranscribeOptions", "Transcriber"]
 
@@ -110,6 +110,8 @@ class Transcriber:
         if on_event:
             on_event("queued", {"duration": audio.duration})
         result = self.pipeline.transcribe(audio, opts, on_event, should_cancel)
+        result["warnings"] = result.get("warnings", []) + speaker_hint_warnings(result, opts.num_speakers,
+                                                                               opts.min_speakers)
         finish_result(result, audio.duration, time.perf_counter() - t0, audio_decode_s, audio.warnings,
                       self.engine.random_weights)
         if on_event:

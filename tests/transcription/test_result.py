@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from diarist.contract.result import check_result
 from transcription.language import LanguageChoice
-from transcription.result import finish_result, merge_channels, whisper_result
+from transcription.result import (
+    FEWER_SPEAKERS,
+    finish_result,
+    merge_channels,
+    speaker_hint_warnings,
+    whisper_result,
+)
 
 
 def _channel(segments, finish="stop", language=None, incomplete_reason=None, queue_wait_s=0.5, speech=((0.0, 2.0),)):
@@ -47,3 +53,16 @@ def test_finish_result_sets_the_timings_warnings_and_the_completeness_verdict():
     assert out["random_weights"] is True and out["coverage"] == 1.0 and out["incomplete"] is False
     empty = finish_result(_channel([], speech=()), 0.0, 0.1, 0.0, [], random_weights=False)
     assert empty["metrics"]["rtf"] is None and "random_weights" not in empty
+
+
+def test_fewer_speakers_than_asked_is_a_warning_with_the_count_found():
+    segs = [{"start": 0.0, "end": 1.0, "text": "a", "speaker": "S01"}, {"start": 1.0, "end": 2.0, "text": "b",
+                                                                         "speaker": "S01"}]
+    r = _channel(segs)
+    (w,) = speaker_hint_warnings(r, num_speakers=64, min_speakers=None)
+    assert (w["code"], w["count"]) == (FEWER_SPEAKERS, 1) and "num_speakers=64" in w["message"]
+    (w,) = speaker_hint_warnings(r, num_speakers=None, min_speakers=2)
+    assert w["count"] == 1 and "min_speakers=2" in w["message"]
+    assert speaker_hint_warnings(r, num_speakers=1, min_speakers=None) == []  # met
+    assert speaker_hint_warnings(r, num_speakers=None, min_speakers=None) == []  # no hint
+    assert speaker_hint_warnings(_channel(segs, finish="abort"), num_speakers=3, min_speakers=None) == []
