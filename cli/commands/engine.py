@@ -42,23 +42,24 @@ def run(args: argparse.Namespace) -> int:
     st = Settings()
     configure_logging(st.log_format, st.log_level)
     host = args.host or st.engine_host
-    port = args.port if args.port is not None else st.engine_port  # 0: a free port, named when listening
+    port = args.port if args.port is not None else st.engine_port  # 0 is a port (any free one), not "unset"
     device = args.device or st.device
     check_device(device)  # DeviceUnavailable before anything listens
-    # Listen before loading the model: a port in use is one line and exit 2 at once, not after minutes of
-    # weight loading and graph capture (uvicorn would only log it and exit 3).
+    # A port in use is one line and exit 2 before loading the model, not a log line and exit 3 after minutes
+    # of weight loading and graph capture. A probe, released at once: the port opens only when uvicorn
+    # listens, so "port open" still means "engine ready" (a process that takes the port meanwhile makes
+    # uvicorn fail as before).
     try:
-        sock = socket.create_server((host, port))
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            probe.bind(addr)
+            probe.listen(1)  # bind alone does not see a rival that also reuses the address
     except OSError as e:
         print(f"diarist: error: address_in_use: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         return 2
-    port = sock.getsockname()[1]
-    try:
-        engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
-                                         load_format=args.load_format))
-    except BaseException:
-        sock.close()
-        raise
+    engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
+                                     load_format=args.load_format))
     engine.start()
     # the names the OpenAI route accepts: DIARIST_SERVED_MODELS, else those of the model --model loaded
     names = st.model_copy(update={"model": args.model or st.model,
@@ -73,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
     for line in engine.fallbacks:
         print(f"warning: {line}", flush=True)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", log_config=None)).run(sockets=[sock])
+        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
     finally:
-        sock.close()
         engine.shutdown()
     return 0

@@ -196,3 +196,28 @@ def test_engine_on_a_port_in_use_is_one_line_before_the_model_loads(capsys):
                                    "--port", str(port))
     assert status == 2 and out == "", err
     assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
+
+
+def test_engine_does_not_answer_before_it_is_ready(monkeypatch):
+    """The port probe is released before the model loads: while it loads, a connection is refused, so a
+    deployment that waits for the port (compose, the tests' wait_port) still waits for a ready engine."""
+    import errno
+    import socket
+
+    seen = {}
+
+    class Loaded(Exception):
+        pass
+
+    def fake_engine(config):  # the moment the model would load
+        with socket.socket() as probe:
+            seen["connect"] = probe.connect_ex(("127.0.0.1", seen["port"]))
+        raise Loaded
+
+    with socket.socket() as s:  # a free port to ask for
+        s.bind(("127.0.0.1", 0))
+        seen["port"] = s.getsockname()[1]
+    monkeypatch.setattr("engine.Engine", fake_engine)
+    with pytest.raises(Loaded):
+        main(["engine", "--host", "127.0.0.1", "--port", str(seen["port"]), "--device", "cpu"])
+    assert seen["connect"] == errno.ECONNREFUSED
