@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
         sweeper.stop()
         rt.leases.stop()
         scratch.close()
-    # Celery ends the worker with a failure exit code after an unrecoverable error (seen: kombu's Redis
-    # transport raising while it restores unacked messages after a broker restart); passing it on lets the
-    # supervisor (compose's restart policy, systemd Restart=on-failure) start the worker again, whose
-    # sweeper then re-drives what it held.
+    # Celery ends the worker with a failure exit code after an unrecoverable error (a broker restart under
+    # a running job no longer is one: worker/redis_broker.py); passing it on lets the supervisor (compose's
+    # restart policy, systemd Restart=on-failure) start the worker again, whose sweeper then re-drives what
+    # it held.
     return int(w.exitcode or 0)
