@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from diarist.db import Database
@@ -48,13 +49,14 @@ class Services:
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)  # this process's event counters
 
     @classmethod
-    def from_settings(cls, settings: Settings, migrate: bool = False) -> Services:
-        """Open the database (running the migrations first when ``migrate``), the store and the bus."""
+    def from_settings(cls, settings: Settings, migrate: bool = False, scratch_dir: Path | None = None) -> Services:
+        """Open the database (running the migrations first when ``migrate``), the store (downloading into
+        ``scratch_dir``, this process's :class:`diarist.scratch.Scratch` directory) and the bus."""
         if migrate:
             from diarist.db import upgrade
 
             upgrade(settings.db_url)
-        return cls(settings=settings, db=Database(settings.db_url), store=make_store(settings),
+        return cls(settings=settings, db=Database(settings.db_url), store=make_store(settings, scratch_dir),
                    bus=make_bus(settings))
 
     def close(self) -> None:

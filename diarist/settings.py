@@ -153,6 +153,8 @@ class Settings(EnvSettings):
     # -- object store ---------------------------------------------------------------------------------
     storage: Literal["local", "s3"] = Field("local", description="Object store backend: local directory or S3.")
     storage_dir: Path | None = Field(None, description="Local backend root; default <data_dir>/objects.")
+    scratch_dir: Path | None = Field(None, description="Parent of the per-process scratch directories (downloaded "
+                                     "audio, spooled uploads); default <system tmp>/diarist; host-local.")
     s3_bucket: str = Field("diarist", description="Bucket for audio and transcripts.")
     s3_endpoint_url: str | None = Field(None, description="Any S3-compatible endpoint (MinIO); None = AWS.")
     s3_region: str | None = Field(None, description="S3 region (us-east-1 when unset).")

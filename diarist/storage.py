@@ -148,15 +148,21 @@ class _Counting:
 
 
 class S3Store:
-    """Objects in an S3 bucket through boto3 (AWS, MinIO, moto, any S3-compatible endpoint)."""
+    """Objects in an S3 bucket through boto3 (AWS, MinIO, moto, any S3-compatible endpoint).
+
+    ``scratch_dir``: where :meth:`local_path` downloads objects (this process's
+    :class:`diarist.scratch.Scratch` directory, so a killed worker's downloads are swept at the next
+    start); None: the system temporary directory.
+    """
 
     def __init__(self, bucket: str, *, endpoint_url: str | None = None, region: str | None = None,
                  access_key_id: str | None = None, secret_access_key: str | None = None, prefix: str = "",
-                 create_bucket: bool = False) -> None:
+                 create_bucket: bool = False, scratch_dir: Path | None = None) -> None:
         import boto3
         from botocore.config import Config
 
         self.bucket = bucket
+        self.scratch_dir = scratch_dir
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.client = boto3.client(
             "s3", endpoint_url=endpoint_url, region_name=region or "us-east-1",
@@ -199,7 +205,7 @@ class S3Store:
     def local_path(self, key: str) -> Iterator[Path]:
         from botocore.exceptions import ClientError
 
-        with tempfile.TemporaryDirectory(prefix="diarist-") as d:
+        with tempfile.TemporaryDirectory(prefix="diarist-", dir=self.scratch_dir) as d:
             path = Path(d) / "object"
             try:
                 self.client.download_file(self.bucket, self._key(key), str(path))
@@ -223,10 +229,11 @@ class S3Store:
         self.client.head_bucket(Bucket=self.bucket)
 
 
-def make_store(settings) -> ObjectStore:
-    """The store named by ``settings.storage``."""
+def make_store(settings, scratch_dir: Path | None = None) -> ObjectStore:
+    """The store named by ``settings.storage``; an S3 store downloads into ``scratch_dir`` (see
+    :class:`S3Store`)."""
     if settings.storage == "s3":
         return S3Store(settings.s3_bucket, endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
                        access_key_id=settings.s3_access_key_id, secret_access_key=settings.s3_secret_access_key,
-                       prefix=settings.s3_prefix, create_bucket=settings.s3_create_bucket)
+                       prefix=settings.s3_prefix, create_bucket=settings.s3_create_bucket, scratch_dir=scratch_dir)
     return LocalStore(settings.objects_dir)

@@ -91,13 +91,15 @@ def _public(message: str, source: Path | Any) -> str:
 
 
 def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None,
-                      served_models: Sequence[str] | None = None) -> FastAPI:
+                      served_models: Sequence[str] | None = None, spool_dir: Path | None = None) -> FastAPI:
     """An app serving ``engine`` (an ``engine.Engine`` whose loop is running).
 
     ``fixed_output_tokens``: benchmark-only, see :class:`transcription.transcriber.Transcriber` (raises
     ``ValueError`` unless the engine runs dummy MOSS-TD weights). ``served_models``: the names the OpenAI
     route accepts in ``model`` (``Settings.served_model_names``); None: the defaults for the engine's model
-    family and checkpoint (:func:`diarist.settings.default_served_models`).
+    family and checkpoint (:func:`diarist.settings.default_served_models`). ``spool_dir``: where uploaded
+    media is spooled while it is transcribed (``diarist engine`` passes its :class:`diarist.scratch.Scratch`
+    directory, so a killed server's spool files are swept at the next start); None: the system temp dir.
     """
     from diarist.settings import default_served_models
     from engine.request import ADMISSION_CLASSES
@@ -185,7 +187,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             raise unknown_model(model, served)
         if response_format not in OPENAI_FORMATS:
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
-        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
+        fd, name = tempfile.mkstemp(prefix="diarist-engine-", dir=spool_dir)
         os.close(fd)
         async with await anyio.open_file(name, "wb") as out:
             while chunk := await file.read(CHUNK):
@@ -236,7 +238,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
 
     async def _read_file(request: Request) -> Path:
         """The uploaded media file, spooled to a temporary file (removed when its request ends)."""
-        fd, name = tempfile.mkstemp(prefix="diarist-engine-")
+        fd, name = tempfile.mkstemp(prefix="diarist-engine-", dir=spool_dir)
         os.close(fd)
         try:
             async with await anyio.open_file(name, "wb") as out:

@@ -27,7 +27,14 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
     broker_url = settings.broker
     transport_options: dict = {"visibility_timeout": vt, "unacked_restore_interval": max(1, min(10, vt // 3)),
                                "unacked_restore_throttle": 1}
-    if settings.broker.startswith("memory://"):
+    if settings.broker.startswith("redis://"):
+        # kombu's Redis transport, guarded so a broker restart under a running job does not end the worker
+        # (worker/redis_broker.py says why). rediss:// keeps kombu's stock transport: its TLS defaults are
+        # keyed on that scheme name.
+        from worker import redis_broker
+
+        broker_url = settings.broker.replace("redis://", f"{redis_broker.ALIAS}://", 1)
+    elif settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}
     elif settings.broker.startswith("filesystem://"):

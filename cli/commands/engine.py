@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from diarist.logs import configure_logging
+    from diarist.scratch import Scratch
     from diarist.settings import Settings
     from engine import Engine
     from engine.resolve import check_device
@@ -61,10 +62,15 @@ def run(args: argparse.Namespace) -> int:
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
                                      load_format=args.load_format))
     engine.start()
+    # Uploads are spooled under this process's scratch directory; a killed server's are removed here.
+    scratch = Scratch.create("engine", st.scratch_dir)
+    for path in scratch.removed:
+        print(f"removed the scratch directory of a dead process: {path}", flush=True)
     # the names the OpenAI route accepts: DIARIST_SERVED_MODELS, else those of the model --model loaded
     names = st.model_copy(update={"model": args.model or st.model,
                                   "model_path": args.model_path or st.model_path}).served_model_names
-    app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}", served_models=names)
+    app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}", served_models=names,
+                            spool_dir=scratch.path)
     c = engine.config
     print(f"Diarist engine ({device}, {c.dtype}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
@@ -77,4 +83,5 @@ def run(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
     finally:
         engine.shutdown()
+        scratch.close()
     return 0

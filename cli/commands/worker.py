@@ -10,6 +10,7 @@ webhooks left by dead workers or a lost broker message.
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from cli.commands import plain
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from celery.signals import setup_logging
 
     from diarist.logs import configure_logging
+    from diarist.scratch import Scratch
     from diarist.services import Services
     from diarist.settings import Settings
     from worker import routing
@@ -57,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
     # A receiver on setup_logging makes Celery leave logging alone: its lines go through our handler.
     setup_logging.connect(lambda **_kw: configure_logging(st.log_format, level), weak=False)
     configure(st)
-    services = Services.from_settings(st)
+    # Downloads go under this process's scratch directory; a killed worker's are removed here (diarist.scratch).
+    scratch = Scratch.create(f"worker-{args.klass}", st.scratch_dir)
+    for path in scratch.removed:
+        logging.getLogger(__name__).info("removed the scratch directory of a dead process: %s", path)
+    services = Services.from_settings(st, scratch_dir=scratch.path)
     dispatcher = CeleryDispatcher(st)
     services.dispatcher = dispatcher
     engine = None
@@ -89,8 +95,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sweeper.stop()
         rt.leases.stop()
-    # Celery ends the worker with a failure exit code after an unrecoverable error (seen: kombu's Redis
-    # transport raising while it restores unacked messages after a broker restart); passing it on lets the
-    # supervisor (compose's restart policy, systemd Restart=on-failure) start the worker again, whose
-    # sweeper then re-drives what it held.
+        scratch.close()
+    # Celery ends the worker with a failure exit code after an unrecoverable error (a broker restart under
+    # a running job no longer is one: worker/redis_broker.py); passing it on lets the supervisor (compose's
+    # restart policy, systemd Restart=on-failure) start the worker again, whose sweeper then re-drives what
+    # it held.
     return int(w.exitcode or 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -218,3 +219,27 @@ def test_bad_options_and_oversized_headers_are_refused_before_any_work(engine_cl
                      source_channels=1)
     r = _pcm_post(engine_client, None, huge.to_header(), b"\0" * 64)
     assert r[-1]["status"] == 422 and r[-1]["error"]["code"] == "too_long"
+
+
+def test_uploads_are_spooled_under_the_spool_dir_and_removed(stack, tmp_path, monkeypatch):
+    """``diarist engine`` passes its scratch directory (diarist.scratch) as ``spool_dir``: a killed server's
+    spooled uploads are swept at the next start instead of accumulating in /tmp."""
+    from engine_server import server
+
+    spooled, real_mkstemp = [], server.tempfile.mkstemp
+
+    def mkstemp(**kw):
+        fd, name = real_mkstemp(**kw)
+        spooled.append(name)
+        return fd, name
+
+    monkeypatch.setattr(server.tempfile, "mkstemp", mkstemp)
+    app = server.create_engine_app(stack.engine, engine_id="spool", spool_dir=tmp_path,
+                                   served_models=stack.services.settings.served_model_names)
+    with TestClient(app) as c:
+        with c.stream("POST", "/internal/transcribe", content=b"not audio at all") as r:
+            assert [json.loads(x) for x in r.iter_lines() if x][-1]["code"] == "decode_failed"
+        r = c.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio")}, data={"model": "whisper"})
+        assert r.status_code == 422
+    assert len(spooled) == 2 and all(Path(p).parent == tmp_path for p in spooled)
+    assert list(tmp_path.iterdir()) == []

@@ -120,3 +120,16 @@ def test_a_missing_bucket_is_a_storage_outage_a_missing_key_is_not(s3_endpoint):
     bad = ClientError({"Error": {"Code": "InvalidArgument"}, "ResponseMetadata": {"HTTPStatusCode": 400}},
                       "PutObject")
     assert classify(bad) is None  # a request we built wrong is a bug, not an outage
+
+
+def test_s3_downloads_go_under_the_scratch_dir_and_leave_nothing(s3_endpoint, tmp_path):
+    """``local_path`` downloads into the process's scratch directory (diarist.scratch), removed on exit."""
+    scratch = tmp_path / "worker-short-1"
+    scratch.mkdir()
+    s3 = S3Store("diarist-scratch", endpoint_url=s3_endpoint, access_key_id="t", secret_access_key="t",
+                 create_bucket=True, scratch_dir=scratch)
+    s3.put_bytes("jobs/j/audio", b"abc" * 1000)
+    with s3.local_path("jobs/j/audio") as p:
+        assert p.parent.parent == scratch
+        assert p.read_bytes() == b"abc" * 1000
+    assert list(scratch.iterdir()) == []

@@ -52,6 +52,9 @@ def test_production_fault(cluster, clip, fault):
         refused = {k: v for k, v in result.submits_during_fault.items() if k != "202"}
         assert refused and all(k.startswith("503 queue_unavailable retry-after=") for k in refused), result
         assert result.rows_from_refused_submits == 0, result
+        # the workers rode out the restart (worker/redis_broker.py); no supervisor restarted them here
+        for name in ("short", "webhooks"):
+            assert cluster.procs[name].p.poll() is None, f"{name} exited:\n{cluster.procs[name].tail()}"
     if fault == "short_worker_sigkill":
         # re-driven by the lease (4 s) + sweep (1 s), not by the one-hour visibility timeout
         assert result.recovered_s < 120, result

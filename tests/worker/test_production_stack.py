@@ -69,6 +69,7 @@ def prod(tmp_path_factory):
         s3, stop = start_s3()
         stops.append(stop)
         eport, aport = free_port(), free_port()
+        scratch = tmp_path_factory.mktemp("scratch")  # the processes' scratch directories (diarist.scratch)
         env = {**os.environ, "DIARIST_DATABASE_URL": db, "DIARIST_BROKER_URL": broker, "DIARIST_STORAGE": "s3",
                "DIARIST_S3_ENDPOINT_URL": s3, "DIARIST_S3_BUCKET": "prod", "DIARIST_S3_CREATE_BUCKET": "true",
                "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t", "DIARIST_AUTH": "true",
@@ -77,7 +78,7 @@ def prod(tmp_path_factory):
                "DIARIST_LEASE_S": str(LEASE_S), "DIARIST_SWEEP_INTERVAL_S": "1",
                "DIARIST_ENGINE_ATTEMPTS": "30", "DIARIST_ENGINE_RETRY_DELAY_S": "1",
                "DIARIST_ENGINE_KV_BUDGET_BYTES": str(256 << 20), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": "16",
-               "OMP_NUM_THREADS": "1"}
+               "OMP_NUM_THREADS": "1", "DIARIST_SCRATCH_DIR": str(scratch)}
         env.pop("DIARIST_EMBEDDED", None)
         subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True)
         key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "t",
@@ -88,9 +89,20 @@ def prod(tmp_path_factory):
         procs["api"] = Proc("api", ["serve", "--port", str(aport)], env, logs).start()
         wait_port(aport, 120)
         wait_port(eport, 300)
+        # The engine listens before it loads its model (cli/commands/engine.py): ready once /health answers.
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{eport}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, procs["engine"].tail()
+            time.sleep(0.2)
         client = httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=60,
                               headers={"Authorization": f"Bearer {key['token']}"})
-        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker, "db": db}
+        yield {"client": client, "key": key, "procs": procs, "eport": eport, "broker": broker, "db": db,
+               "scratch": scratch}
         client.close()
     finally:
         for p in procs.values():
@@ -169,11 +181,15 @@ def test_worker_killed_mid_job_completes_exactly_once(prod, receiver_server):
     assert wait_status(c, job_id, ("processing", *FINAL))["status"] == "processing"
     pid = procs["short"].p.pid
     procs["short"].kill()  # SIGKILL: no ack, no cleanup
+    left = prod["scratch"] / f"worker-short-{pid}"
+    assert left.is_dir()  # its scratch directory stays behind ...
     try:
         expire_lease(db, job_id, pid)  # still processing, under the dead process's lease
         procs["short"].start()
         job = wait_status(c, job_id, FINAL)
         assert job["status"] == "completed", (job, procs["short"].tail())
+        assert not left.exists()  # ... until the next worker starts
+        assert (prod["scratch"] / f"worker-short-{procs['short'].p.pid}").is_dir()
         assert job["attempts"] == 2  # re-driven once (the sweeper, or the message redelivered), and counted
         # Final: no attempt can complete it again; once its outbox settles no message can be sent again.
         assert settled_webhooks(db, job_id) == [("job.completed", "delivered")]

@@ -23,6 +23,8 @@ def test_celery_delivery_settings():
     assert c.task_acks_late and c.task_reject_on_worker_lost and c.worker_prefetch_multiplier == 1
     assert c.broker_transport_options["visibility_timeout"] >= 3 * 3600
     assert {q.name for q in c.task_queues} == {"transcribe.short", "transcribe.long", "webhooks"}
+    # kombu's Redis transport guarded against a restart under a running job (worker/redis_broker.py)
+    assert c.broker_url == "diaristredis://h:1/0"
 
 
 def test_filesystem_broker_keeps_its_messages_under_the_data_dir(tmp_path):
