@@ -99,6 +99,9 @@ class LocalStore:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             raise ObjectNotFound(key) from None
+        except OSError as e:  # the directory itself is gone or unreadable: the store's outage, not the key's
+            raise DependencyUnavailable(Dependency.STORAGE, f"the object store directory cannot be read "
+                                                            f"({e.strerror or type(e).__name__})") from e
 
     @contextmanager
     def local_path(self, key: str) -> Iterator[Path]:

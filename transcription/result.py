@@ -104,17 +104,17 @@ FEWER_SPEAKERS = "fewer_speakers"
 
 def speaker_hint_warnings(result: dict[str, Any], num_speakers: int | None, min_speakers: int | None) -> list[dict]:
     """A ``fewer_speakers`` warning (``{code, message, count}``, ``count`` the speakers found) when the
-    transcript's segments name fewer distinct speakers than ``num_speakers`` (or ``min_speakers``) asked for:
-    too little speech to embed that many voices, or a model that labels speakers itself. Nothing for an
-    aborted result, or when no hint was given or it was met."""
+    result names fewer distinct speakers than ``num_speakers`` (or ``min_speakers``) asked for. Speakers are
+    counted as the transcript lists them (:attr:`diarist.transcript.Transcript.speakers`): those of the
+    segments and those of the diarization's turns. Nothing for an aborted result, or when no hint was given
+    or it was met."""
     want = num_speakers or min_speakers
     if not want or result.get("finish_reason") == "abort":
         return []
-    found = len({seg.get("speaker") for seg in result.get("segments", []) if seg.get("speaker") is not None})
+    found = len({x.get("speaker") for x in [*result.get("segments", []), *(result.get("turns") or [])]
+                 if x.get("speaker") is not None})
     if found >= want:
         return []
     hint = f"num_speakers={num_speakers}" if num_speakers else f"min_speakers={min_speakers}"
     return [{"code": FEWER_SPEAKERS, "count": found,
-             "message": f"{hint} was asked for; the transcript has {found} speaker(s): too little speech to tell "
-                        f"that many voices apart"}]
-
+             "message": f"{hint} was asked for; the transcript has {found} speaker(s)"}]

@@ -99,6 +99,24 @@ def test_an_unwritable_local_directory_is_a_storage_outage(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["objects"]  # no probe or part file left behind
 
 
+def test_an_unreadable_local_directory_is_a_storage_outage_a_missing_key_is_not(tmp_path):
+    """Reading where the store's directory is gone (a file in its place, as a bad mount leaves it) is the
+    store being down (503 at the API), not a 500; a key that is simply absent stays ObjectNotFound."""
+    import shutil
+
+    from diarist.outages import Dependency, DependencyUnavailable, classify
+
+    store = LocalStore(tmp_path / "objects")
+    store.put_bytes("jobs/j1/transcript.json", b"{}")
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("jobs/j2/transcript.json")
+    shutil.rmtree(tmp_path / "objects")
+    (tmp_path / "objects").write_bytes(b"")
+    with pytest.raises(DependencyUnavailable) as err:
+        store.get_bytes("jobs/j1/transcript.json")
+    assert classify(err.value) is Dependency.STORAGE and str(tmp_path) not in str(err.value)
+
+
 def test_a_missing_bucket_is_a_storage_outage_a_missing_key_is_not(s3_endpoint):
     """moto's real S3 answers: the bucket gone (deleted, or an S3 server that restarted empty) is the
     deployment's outage for every job (503 storage_unavailable at submit, backoff in the worker), while a

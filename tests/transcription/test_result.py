@@ -66,3 +66,7 @@ def test_fewer_speakers_than_asked_is_a_warning_with_the_count_found():
     assert speaker_hint_warnings(r, num_speakers=1, min_speakers=None) == []  # met
     assert speaker_hint_warnings(r, num_speakers=None, min_speakers=None) == []  # no hint
     assert speaker_hint_warnings(_channel(segs, finish="abort"), num_speakers=3, min_speakers=None) == []
+    # a speaker with turns but no words is one of the transcript's speakers too (Transcript.speakers)
+    r["turns"] = [{"start": 0.0, "end": 1.0, "speaker": "S01"}, {"start": 1.0, "end": 1.1, "speaker": "S02"}]
+    assert speaker_hint_warnings(r, num_speakers=2, min_speakers=None) == []
+    assert speaker_hint_warnings(r, num_speakers=3, min_speakers=None)[0]["count"] == 2
