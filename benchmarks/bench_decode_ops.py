@@ -20,6 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.ops import triton_kernels as tk
+from engine.ops import triton_rope
 from engine.ops.activation import silu_and_mul_reference
 from engine.ops.norm import rms_norm_reference
 from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
@@ -103,7 +104,7 @@ def bench_elementwise(rows: list[int]) -> list[dict]:
         cases = {
             "add_rms_norm": (lambda i: tk.add_rms_norm(x, r, w, 1e-6),
                              lambda i: rms_norm_reference(r + x, w, 1e-6)),
-            "qk_norm_rope": (lambda i: tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, 16, 8, 1e-6),
+            "qk_norm_rope": (lambda i: triton_rope.qk_norm_rope(qkv, pos, cos, sin, qw, kw, 16, 8, 1e-6),
                              lambda i: qk_norm_rope_reference(qkv, pos, 1e6, qw, kw, 16, 8, 1e-6)),
             "silu_and_mul": (lambda i: tk.silu_and_mul(gu), lambda i: silu_and_mul_reference(gu)),
         }

@@ -100,7 +100,8 @@ def make_engine(args) -> Engine:
     choices named on the command line overridden."""
     cfg = EngineConfig(model="moss-td", load_format="dummy", device="cuda", attention_backend=args.backend,
                        cuda_graph_max_bs=args.graph_max_bs, max_running_requests=64, chunk_size=args.chunk_size,
-                       async_decode=args.async_decode, kv_memory_fraction=args.kv_fraction, seed=0)
+                       async_decode=args.async_decode, kv_memory_fraction=args.kv_fraction, seed=0,
+                       kv_dtype=getattr(args, "kv_dtype", "auto"))
     if getattr(args, "no_prefill_graphs", False):
         cfg.prefill_graph_tokens = ()
     if getattr(args, "no_priority_stream", False):
@@ -313,6 +314,7 @@ def main() -> None:
     ap.add_argument("--extend-large-tile-from", type=int, default=None,
                     help="EngineConfig.extend_large_tile_min_tokens (0: off)")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
+    ap.add_argument("--kv-dtype", default="auto", help="EngineConfig.kv_dtype: auto (bf16) or fp8_e4m3")
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)
     ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")

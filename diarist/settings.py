@@ -197,6 +197,11 @@ class Settings(EnvSettings):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="Engine compute dtype; None = float32 on the CPU, on CUDA the checkpoint's float16/"
         "bfloat16, else bfloat16 (engine.resolve).")
+    kv_dtype: Literal["auto", "fp8_e4m3"] = Field(  # engine.config.KV_DTYPES (a test holds them equal)
+        "auto", description="What the engine's self-attention KV cache stores: auto (the compute dtype) or "
+        "fp8_e4m3 (e4m3 codes with per token-head scales: 1.94x the context per byte, about half the bytes a "
+        "decode step reads; CUDA compute capability 8.9+). Default auto until FP8 quality is measured on a "
+        "released checkpoint (docs/engine.md, FP8 KV cache).")
     attention_backend: Literal["torch", "triton"] | None = Field(
         None, description="Engine attention kernels; None = triton on CUDA, the torch reference on the CPU.")
     cuda_graph_max_bs: int | None = Field(
@@ -293,6 +298,7 @@ class Settings(EnvSettings):
         long_limit = self.long_limit_of(max_running)
         fields = {"model": self.model, "model_path": self.model_path, "load_format": self.load_format,
                   "marker_interval_s": self.moss_marker_interval_s, "device": self.device, "dtype": self.dtype,
+                  "kv_dtype": self.kv_dtype,
                   "attention_backend": self.attention_backend, "kv_budget_bytes": self.engine_kv_budget_bytes,
                   "max_running_requests": max_running, "async_decode": self.async_decode,
                   "admission_limits": {"long": long_limit}}

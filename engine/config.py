@@ -45,6 +45,9 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (
 )}
 """Every family the engine loads, by name (the one table of their service-side facts)."""
 
+KV_DTYPES = ("auto", "fp8_e4m3")
+"""Values of :attr:`EngineConfig.kv_dtype`."""
+
 MODEL_FAMILIES = tuple(FAMILIES)
 """Values of :attr:`EngineConfig.model`: the model families the engine loads."""
 
@@ -67,6 +70,11 @@ class EngineConfig:
         device: ``"cpu"`` or ``"cuda"`` / ``"cuda:N"``.
         dtype: compute dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``). ``None``: float32 on the CPU;
             on CUDA the checkpoint's dtype when it is float16 or bfloat16, else bfloat16.
+        kv_dtype: what the self-attention KV cache stores: ``"auto"`` (the compute dtype) or ``"fp8_e4m3"``
+            (e4m3 codes with a float32 scale per token and KV head, :mod:`engine.kv.fp8`: 1.94x the tokens
+            per byte and about half the bytes each decode step reads). Whisper's cross-attention KV keeps the
+            compute dtype. On CUDA, FP8 needs compute capability 8.9 or newer (Ada, Hopper). The default stays
+            ``"auto"`` until FP8's quality is measured on a released checkpoint (docs/engine.md, "FP8 KV").
         kv_budget_bytes: bytes for the KV cache (self-attention pool plus Whisper cross-attention rows).
             ``None``: 1 GiB on CPU, ``kv_memory_fraction`` of free memory on CUDA after the weights load.
         kv_memory_fraction: fraction of free device memory given to KV when no byte budget is set.
@@ -122,6 +130,7 @@ class EngineConfig:
     marker_interval_s: int | None = None
     device: str = "cpu"
     dtype: str | None = None
+    kv_dtype: str = "auto"
     kv_budget_bytes: int | None = None
     kv_memory_fraction: float = 0.85
     max_running_requests: int = 64

@@ -8,8 +8,9 @@ them) and before anything else takes device memory (graphs, loop buffers):
 2. models with cross-attention (Whisper) take one :class:`~engine.kv.CrossKVPool` row per running request
    first, with ``max_running_requests`` lowered until every row still leaves one full context of
    self-attention KV;
-3. the rest becomes self-attention slots (one slot holds one token of every layer's K and V), at most
-   ``max_reqs * max_context`` of them: more could never be used at once.
+3. the rest becomes self-attention slots (one slot holds one token of every layer's K and V, in
+   ``EngineConfig.kv_dtype``: FP8 codes and their scales take 0.52 of bf16's bytes, so the same budget holds
+   1.94x the tokens), at most ``max_reqs * max_context`` of them: more could never be used at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable, SlotAllocator
+from engine.kv.fp8 import kv_storage_dtype
 
 if TYPE_CHECKING:
     from engine.models.interface import EngineModel
@@ -72,7 +74,8 @@ def plan_memory(model: EngineModel, cfg: EngineConfig, max_context: int, dtype: 
     """
     budget = kv_budget_bytes(cfg, device)
     layers, kv_heads, head_dim = model.kv_layout()
-    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, dtype)
+    kv_dtype = kv_storage_dtype(cfg.kv_dtype, dtype)
+    per_token = KVPool.bytes_per_token(layers, kv_heads, head_dim, kv_dtype)
     max_reqs = cfg.max_running_requests
     cross = None
     cross_layout = model.cross_layout()
@@ -86,6 +89,6 @@ def plan_memory(model: EngineModel, cfg: EngineConfig, max_context: int, dtype: 
     slots = min(budget // per_token, max_reqs * max_context)
     if slots < 1:
         raise ValueError(f"KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
-    return MemoryPlan(kv=KVPool(layers, int(slots), kv_heads, head_dim, dtype, device),
+    return MemoryPlan(kv=KVPool(layers, int(slots), kv_heads, head_dim, kv_dtype, device),
                       allocator=SlotAllocator(int(slots)), table=ReqToTokenTable(max_reqs, max_context, device),
                       cross=cross, max_reqs=max_reqs, kv_bytes_per_token=per_token)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from engine.attention import BACKENDS, supports_cuda_graphs
-from engine.config import FAMILIES, DeviceUnavailable, EngineConfig
+from engine.config import FAMILIES, KV_DTYPES, DeviceUnavailable, EngineConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -156,6 +156,7 @@ def resolve_config(cfg: EngineConfig) -> EngineConfig:
     backend = cfg.attention_backend or ("triton" if cuda else "torch")
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+    check_kv_dtype(cfg.kv_dtype, dev)
     return dataclasses.replace(
         cfg, dtype=dtype, attention_backend=backend,
         async_decode=cfg.async_decode if cfg.async_decode is not None else cuda,
@@ -167,10 +168,22 @@ def resolve_config(cfg: EngineConfig) -> EngineConfig:
     )
 
 
+def check_kv_dtype(kv_dtype: str, dev: torch.device) -> None:
+    """Raise ValueError unless ``kv_dtype`` is one of :data:`engine.config.KV_DTYPES` and, for FP8 on CUDA,
+    the GPU converts e4m3 (compute capability 8.9 or newer; Triton has no e4m3 below it)."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r} (expected one of {', '.join(KV_DTYPES)})")
+    if kv_dtype == "fp8_e4m3" and dev.type == "cuda":
+        cap = torch.cuda.get_device_capability(dev)
+        if cap < (8, 9):
+            raise ValueError(f"kv_dtype fp8_e4m3 needs compute capability 8.9 or newer; {dev} has "
+                             f"{cap[0]}.{cap[1]}")
+
+
 def describe(cfg: EngineConfig) -> dict:
     """The resolved choices users ask about (``/stats``, the startup log line): dtype, backend, graphs,
     async decode, encoder stage, kernel choices, limits."""
-    keys = ("device", "dtype", "attention_backend", "cuda_graph_max_bs", "prefill_graph_tokens", "async_decode",
+    keys = ("device", "dtype", "kv_dtype", "attention_backend", "cuda_graph_max_bs", "prefill_graph_tokens", "async_decode",
             "small_batch_gemv", "fused_gelu_gemm", "extend_large_tile_min_tokens",
             "decode_single_split_programs_per_sm", "encoder_stream", "priority_stream", "encoder_graph_buckets",
             "encoder_cache_entries", "encoder_compile", "chunk_size", "max_running_requests", "admission_limits")

@@ -9,7 +9,7 @@ import argparse
 from typing import Any
 
 from cli.commands import plain
-from engine.config import MODEL_FAMILIES
+from engine.config import KV_DTYPES, MODEL_FAMILIES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,6 +23,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--load-format", default=None, choices=["auto", "ct2", "hf", "dummy"],
                    help="checkpoint format (default DIARIST_LOAD_FORMAT, auto); dummy = random weights, whose "
                    "transcripts are noise")
+    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
+                   help="KV cache storage (default DIARIST_KV_DTYPE, auto = the compute dtype; fp8_e4m3: FP8 codes "
+                   "with per token-head scales, CUDA compute capability 8.9+)")
     p.set_defaults(func=run)
     return p
 
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"diarist: error: address_in_use: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
         return 2
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
-                                     load_format=args.load_format))
+                                     load_format=args.load_format, kv_dtype=args.kv_dtype))
     engine.start()
     # Uploads are spooled under this process's scratch directory; a killed server's are removed here.
     scratch = Scratch.create("engine", st.scratch_dir)
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}", served_models=names,
                             spool_dir=scratch.path)
     c = engine.config
-    print(f"Diarist engine ({device}, {c.dtype}, {c.attention_backend} attention, CUDA graphs "
+    print(f"Diarist engine ({device}, {c.dtype}, KV {c.kv_dtype}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
           f"{'on' if c.async_decode else 'off'}) listening on http://{host}:{port}", flush=True)
     if engine.random_weights:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
+from engine.kv import CrossKVPool, KVDestination, KVPool, ReqToTokenTable
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -129,10 +129,10 @@ class AttentionBackend(ABC):
             ``[T, num_q_heads, head_dim]`` in q's dtype.
         """
 
-    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Where a model's fused kernel may write this step's new K/V itself: ``(k_buf, v_buf, slots)``
-        with buffers ``[num_slots, num_kv_heads, head_dim]`` and int64 slots ``[T]``. ``None`` (the
-        default): pass K/V to :meth:`forward`, which stores them."""
+    def kv_destination(self, layer: int) -> KVDestination | None:
+        """Where a model's fused kernel may write this step's new K/V itself (buffers, int64 slots ``[T]``,
+        and the FP8 scales when the pool is quantised). ``None`` (the default): pass K/V to
+        :meth:`forward`, which stores them."""
         return None
 
     def cross_forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,8 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefi
 
 
 class TorchReferenceBackend(AttentionBackend):
-    """Reference backend: gathers each sequence's K/V through ``req_to_token`` and calls SDPA.
+    """Reference backend: gathers each sequence's K/V through ``req_to_token`` (dequantised to float32 when
+    the pool is FP8) and calls SDPA.
 
     Decode rows (one new token) of a step are padded into one batched SDPA call; rows with several new
     tokens (prefill chunks) run one call each. Exact, simple, and slow on long contexts by design.
@@ -63,18 +64,18 @@ class TorchReferenceBackend(AttentionBackend):
         if not kv_stored:
             self.kv.store(layer, b.out_cache_loc, k, v)
         out = torch.empty_like(q)
-        kbuf, vbuf = self.kv.k[layer], self.kv.v[layer]
         for i in self._extend_idx:
             lo, hi = int(b.qo_indptr[i]), int(b.qo_indptr[i + 1])
             if hi == lo:
                 continue
             slots = self.table.table[int(b.req_rows[i]), : int(b.seq_lens[i])].long()
-            out[lo:hi] = reference_attention(q[lo:hi], kbuf[slots], vbuf[slots], int(b.prefix_lens[i]), self.sm_scale)
+            ks, vs = self.kv.read(layer, slots)  # dequantised when the pool is FP8
+            out[lo:hi] = reference_attention(q[lo:hi], ks, vs, int(b.prefix_lens[i]), self.sm_scale)
         if self._decode_idx:
             hq = q.shape[1]
             qd = q[self._dec_tok]  # [Bd, Hq, D]
-            kd = _expand_kv(kbuf[self._dec_slots], hq)  # [Bd, S, Hq, D]
-            vd = _expand_kv(vbuf[self._dec_slots], hq)
+            kd, vd = self.kv.read(layer, self._dec_slots)  # [Bd, S, Hkv, D]
+            kd, vd = _expand_kv(kd, hq), _expand_kv(vd, hq)  # [Bd, S, Hq, D]
             o = F.scaled_dot_product_attention(
                 qd[:, :, None, :].float(), kd.transpose(1, 2).float(), vd.transpose(1, 2).float(),
                 attn_mask=self._dec_mask[:, None, None, :], scale=self.sm_scale,

@@ -14,7 +14,7 @@ from engine.attention.triton_ops import (
     extend_tile,
 )
 from engine.config import EngineConfig
-from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
+from engine.kv import CrossKVPool, KVDestination, KVPool, ReqToTokenTable
 
 
 @dataclass
@@ -127,19 +127,21 @@ class TritonBackend(AttentionBackend):
         )
 
     def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                lens: torch.Tensor, table: torch.Tensor | None, src_len: int) -> None:
+                lens: torch.Tensor, table: torch.Tensor | None, src_len: int,
+                scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> None:
         m = self.meta
         qd = q if m.all_dec else q[m.dec_tok]
         od = out if m.all_dec else torch.empty_like(qd)
         po, pl = self._scratch(m.n_dec, q.shape[1], q.shape[2], m.static)
         decode_attention(qd, k, v, m.dec_rows, lens, od, sm_scale=self.scale, table=table, src_len=src_len,
                          fill_splits=m.fill, max_splits=self.max_splits,
-                         min_split_tokens=self.min_split_tokens, part_o=po, part_lse=pl)
+                         min_split_tokens=self.min_split_tokens, part_o=po, part_lse=pl,
+                         k_scale=scales[0], v_scale=scales[1])
         if not m.all_dec:
             out[m.dec_tok] = od
 
-    def kv_destination(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.kv.k[layer], self.kv.v[layer], self.meta.loc
+    def kv_destination(self, layer: int) -> KVDestination:
+        return self.kv.destination(layer, self.meta.loc)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_stored: bool = False) -> torch.Tensor:
@@ -149,13 +151,14 @@ class TritonBackend(AttentionBackend):
         q = q if q.stride(-1) == 1 else q.contiguous()
         out = torch.empty_like(q)
         kb, vb = self.kv.k[layer], self.kv.v[layer]
+        scales = (self.kv.k_scale[layer], self.kv.v_scale[layer]) if self.kv.quantized else (None, None)
         if m.n_dec:
-            self._decode(q, kb, vb, out, m.dec_lens, self.table.table, 0)
+            self._decode(q, kb, vb, out, m.dec_lens, self.table.table, 0, scales)
         if m.n_ext:
             block_m, warps = extend_tile(m.max_ext, self.large_tile_min_extend, q.element_size())
             extend_attention(q, kb, vb, out, m.ext_rows, m.ext_kv_lens, m.ext_lens, m.ext_qo, m.max_ext,
                              sm_scale=self.scale, table=self.table.table, causal=True, block_m=block_m,
-                             num_warps=warps)
+                             num_warps=warps, k_scale=scales[0], v_scale=scales[1])
         return out
 
     def cross_forward(self, layer: int, q: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ tests can set ``TRITON_INTERPRET`` before the kernels are decorated)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 
 
@@ -13,3 +14,11 @@ def kernels() -> ModuleType:
     from engine.ops import triton_kernels
 
     return triton_kernels
+
+
+@functools.cache
+def rope_kernel() -> Callable:
+    """:func:`engine.ops.triton_rope.qk_norm_rope`, imported once."""
+    from engine.ops.triton_rope import qk_norm_rope
+
+    return qk_norm_rope

@@ -8,10 +8,15 @@ dtype before they multiply, and each product and the sum round to that dtype (``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from engine.ops._kernels import kernels
+from engine.ops._kernels import rope_kernel
 from engine.ops.norm import rms_norm_reference
+
+if TYPE_CHECKING:
+    from engine.kv import KVDestination
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,24 +73,23 @@ def qk_norm_rope_reference(qkv: torch.Tensor, positions: torch.Tensor, theta: fl
 
 def qk_norm_rope(qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryTable, q_weight: torch.Tensor,
                  k_weight: torch.Tensor, num_q_heads: int, num_kv_heads: int, eps: float,
-                 kv_dest: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 kv_dest: KVDestination | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """As :func:`qk_norm_rope_reference`; one Triton kernel for CUDA tensors (q written contiguous).
 
-    ``kv_dest`` = ``(k_buf, v_buf, slots)`` from :meth:`AttentionBackend.kv_destination`: the new K and V
-    are written to those pool buffers at ``slots`` (int64 ``[T]``) and ``(q, None, None)`` is returned.
+    ``kv_dest`` from :meth:`AttentionBackend.kv_destination`: the new K and V are written to its pool
+    buffers at its slots (quantised per token-head for an FP8 pool, :mod:`engine.kv.fp8`) and
+    ``(q, None, None)`` is returned.
     Every position must be below ``rope.max_positions``; the kernel does not check (the engine never lets
     a sequence exceed the model's ``max_context``, which is that bound).
     """
     if qkv.is_cuda:
         cos, sin = rope.get(qkv.device, qkv.dtype)
-        return kernels().qk_norm_rope(qkv, positions, cos, sin, q_weight, k_weight, num_q_heads,
-                                           num_kv_heads, eps, kv_dest)
+        return rope_kernel()(qkv, positions, cos, sin, q_weight, k_weight, num_q_heads, num_kv_heads, eps,
+                             kv_dest)
     q, k, v = qk_norm_rope_reference(qkv, positions, rope.theta, q_weight, k_weight, num_q_heads,
                                      num_kv_heads, eps)
     if kv_dest is None:
         return q, k, v
-    k_buf, v_buf, slots = kv_dest
-    k_buf[slots] = k.to(k_buf.dtype)
-    v_buf[slots] = v.to(v_buf.dtype)
+    kv_dest.store(k, v)
     return q, None, None

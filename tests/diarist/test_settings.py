@@ -144,3 +144,14 @@ def test_engine_url_takes_one_url_or_a_list_own_engine_first(monkeypatch):
         with pytest.raises(InvalidSettings) as e:
             Settings()
         assert e.value.variables == ["DIARIST_ENGINE_URL"]
+
+
+def test_kv_dtype_choices_are_the_engines_and_reach_its_config(monkeypatch):
+    from typing import get_args
+
+    from engine.config import KV_DTYPES
+
+    assert get_args(Settings.model_fields["kv_dtype"].annotation) == KV_DTYPES
+    monkeypatch.setenv("DIARIST_KV_DTYPE", "fp8_e4m3")
+    assert Settings().engine_config().kv_dtype == "fp8_e4m3"
+    assert Settings().engine_config(kv_dtype="auto").kv_dtype == "auto"  # a CLI flag wins

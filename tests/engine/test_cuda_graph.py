@@ -18,22 +18,25 @@ def test_default_buckets():
     assert default_buckets(1) == [1]
 
 
-def _engine(graph_bs: int, dtype: str = "float32"):
+def _engine(graph_bs: int, dtype: str = "float32", kv_dtype: str = "auto"):
     from engine import Engine, EngineConfig
 
     return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_MOSS, device="cuda",
-                               dtype=dtype, attention_backend="triton", cuda_graph_max_bs=graph_bs,
+                               dtype=dtype, kv_dtype=kv_dtype, attention_backend="triton", cuda_graph_max_bs=graph_bs,
                                kv_budget_bytes=256 << 20, max_running_requests=40, seed=3))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_graph_replay_matches_eager_and_padding_is_harmless():
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3"])
+def test_graph_replay_matches_eager_and_padding_is_harmless(kv_dtype):
     """Same weights, same prompts: decode steps through graphs (batch sizes 1..37, padded to buckets) give
-    the eager logits, and free KV slots return to the initial count."""
+    the eager logits, and free KV slots return to the initial count; with the FP8 cache too (its scales
+    are static buffers the captured store and attention kernels point at)."""
     from engine import Sequence
 
-    graph, eager = _engine(48), _engine(0)
+    graph, eager = _engine(48, kv_dtype=kv_dtype), _engine(0, kv_dtype=kv_dtype)
+    assert graph.kv.quantized == (kv_dtype == "fp8_e4m3")
     assert graph.runner.graphs is not None and eager.runner.graphs is None
     gen = torch.Generator().manual_seed(0)
     results = {}

@@ -33,13 +33,13 @@ def _split_range(seq_len, sid, fill_splits, MIN_SPLIT: tl.constexpr, BLOCK_N: tl
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, Table, Rows, SeqLens, PartO, PartLse, O,
+    Q, K, V, KScale, VScale, Table, Rows, SeqLens, PartO, PartLse, O,
     qk_scale, fill_splits,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ss, stride_tr,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_TABLE: tl.constexpr, DOT_PREC: tl.constexpr,
-    DIRECT: tl.constexpr,
+    DIRECT: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -67,14 +67,23 @@ def _decode_stage1(
                 slot = row * stride_tr + pos
             kv_mask = nmask[:, None] & dmask[None, :]
             k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+            if KV_FP8:  # codes widened exactly to q's dtype; a key's scale multiplies its score
+                ks = tl.load(KScale + slot * stride_ss + g, mask=nmask, other=0.0)
+                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * (qk_scale * ks[None, :])
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
             s = tl.where(nmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            if KV_FP8:  # a value's scale multiplies its softmax weight (l_i keeps the unscaled weights)
+                vsc = tl.load(VScale + slot * stride_ss + g, mask=nmask, other=0.0)
+                pv = tl.dot((p * vsc[None, :]).to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+            else:
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / l_i[:, None]
         if DIRECT:  # one split: this is the whole softmax, so it is the output (stage 2 would copy it)
@@ -133,7 +142,8 @@ def decode_attention(
     out: torch.Tensor, *, sm_scale: float, table: torch.Tensor | None = None, src_len: int = 0,
     fill_splits: int = 8, max_splits: int = 32, min_split_tokens: int = 256,
     part_o: torch.Tensor | None = None, part_lse: torch.Tensor | None = None, block_n: int = 64,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over that sequence's first ``seq_lens[b]`` keys (no mask).
 
@@ -149,6 +159,8 @@ def decode_attention(
         part_o, part_lse: float32 scratch ``[>=B, Hq, max_splits, D]`` and ``[>=B, Hq, max_splits]``
             (static for CUDA graphs); allocated when omitted.
         block_n, num_warps, num_stages: stage-1 tile (keys per iteration) and launch shape.
+        k_scale, v_scale: float32 ``[num_slots, Hkv]`` when k_buf/v_buf hold FP8 e4m3 codes
+            (:mod:`engine.kv.fp8`: per token-head scales); dequantised in registers.
     Raises:
         ValueError: inconsistent head counts or ``fill_splits > max_splits``.
     """
@@ -169,15 +181,18 @@ def decode_attention(
     stride_tr = table.stride(0) if use_table else src_len
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     direct = fill_splits == 1
+    fp8 = k_scale is not None
+    ks, vs = (k_scale, v_scale) if fp8 else (q, q)  # unused without FP8
     _decode_stage1[(bsz, hkv, fill_splits)](
-        q, k_buf, v_buf, tbl, rows, seq_lens, part_o, part_lse, out,
+        q, k_buf, v_buf, ks, vs, tbl, rows, seq_lens, part_o, part_lse, out,
         sm_scale * _LOG2E, fill_splits,
-        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), stride_tr,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        ks.stride(0), stride_tr,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec, DIRECT=direct,
-        num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=fp8, num_warps=num_warps, num_stages=num_stages,
     )
     if direct:
         return out

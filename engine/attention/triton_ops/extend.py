@@ -37,10 +37,10 @@ def extend_tile(max_extend: int, large_tile_min_extend: int = EngineConfig.exten
 
 
 @triton.jit
-def _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
-            stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
+def _attend(q, acc, m_i, l_i, K, V, KScale, VScale, Table, row, n0, qpos, kv_end, qk_scale, g,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_ss, stride_tr, offs_d, dmask,
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TABLE: tl.constexpr,
-            DOT_PREC: tl.constexpr):
+            DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr):
     """One online-softmax update of ``(acc, m_i, l_i)`` with keys ``n0 .. n0+BLOCK_N-1``; without
     ``MASKED`` every one of them is known to be visible to every row."""
     pos = n0 + tl.arange(0, BLOCK_N)
@@ -54,7 +54,11 @@ def _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
         slot = row * stride_tr + pos
     kv_mask = nmask[:, None] & dmask[None, :]
     k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    if KV_FP8:  # as in decode: codes widened exactly, the key's scale on its score
+        ks = tl.load(KScale + slot * stride_ss + g, mask=nmask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * (qk_scale * ks[None, :])
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
     if MASKED:
         keep = nmask[None, :]
         if CAUSAL:
@@ -65,18 +69,23 @@ def _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    if KV_FP8:  # the value's scale on its softmax weight
+        vsc = tl.load(VScale + slot * stride_ss + g, mask=nmask, other=0.0)
+        pv = tl.dot((p * vsc[None, :]).to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
 
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, O, Table, Rows, KvLens, ExtLens, QoStart,
+    Q, K, V, KScale, VScale, O, Table, Rows, KvLens, ExtLens, QoStart,
     qk_scale,
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tr,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ss, stride_ot, stride_oh, stride_tr,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TABLE: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     i = tl.program_id(0)
     g = tl.program_id(1)
@@ -108,13 +117,13 @@ def _extend_kernel(
         l_i = tl.zeros([BLOCK_M * GROUP_P2], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M * GROUP_P2, BLOCK_D], dtype=tl.float32)
         for n0 in range(0, full_end, BLOCK_N):
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
-                                    BLOCK_N, False, CAUSAL, USE_TABLE, DOT_PREC)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, KScale, VScale, Table, row, n0, qpos, kv_end,
+                                    qk_scale, g, stride_ks, stride_kh, stride_vs, stride_vh, stride_ss,
+                                    stride_tr, offs_d, dmask, BLOCK_N, False, CAUSAL, USE_TABLE, DOT_PREC, KV_FP8)
         for n0 in range(full_end, kv_end, BLOCK_N):
-            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, Table, row, n0, qpos, kv_end, qk_scale, g,
-                                    stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, offs_d, dmask,
-                                    BLOCK_N, True, CAUSAL, USE_TABLE, DOT_PREC)
+            acc, m_i, l_i = _attend(q, acc, m_i, l_i, K, V, KScale, VScale, Table, row, n0, qpos, kv_end,
+                                    qk_scale, g, stride_ks, stride_kh, stride_vs, stride_vh, stride_ss,
+                                    stride_tr, offs_d, dmask, BLOCK_N, True, CAUSAL, USE_TABLE, DOT_PREC, KV_FP8)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(O + (q0 + qi)[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  out.to(O.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])
@@ -125,6 +134,7 @@ def extend_attention(
     kv_lens: torch.Tensor, ext_lens: torch.Tensor, qo_start: torch.Tensor, max_extend: int, *,
     sm_scale: float, table: torch.Tensor | None = None, src_len: int = 0, causal: bool = True,
     block_m: int = 64, block_n: int = 64, num_warps: int | None = None, num_stages: int = 2,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each item's new queries over its keys ``0 .. kv_lens[i]-1``.
 
@@ -138,6 +148,8 @@ def extend_attention(
         causal: bottom-right causal mask (self-attention); False attends to all ``kv_lens[i]`` keys.
         block_m, block_n, num_warps, num_stages: the tile (queries per program, keys per iteration) and
             launch options; ``num_warps=None`` picks 4 or 8 from the tile size.
+        k_scale, v_scale: float32 ``[num_slots, Hkv]`` when k_buf/v_buf hold FP8 e4m3 codes
+            (:mod:`engine.kv.fp8`); dequantised in registers.
     Returns:
         ``out``.
     """
@@ -151,14 +163,16 @@ def extend_attention(
     use_table = table is not None
     group = hq // hkv
     grid = (n_items, hkv, triton.cdiv(max_extend, block_m))
+    fp8 = k_scale is not None
+    ks, vs = (k_scale, v_scale) if fp8 else (q, q)  # unused without FP8
     _extend_kernel[grid](
-        q, k_buf, v_buf, out, table if use_table else rows, rows, kv_lens, ext_lens, qo_start,
+        q, k_buf, v_buf, ks, vs, out, table if use_table else rows, rows, kv_lens, ext_lens, qo_start,
         sm_scale * _LOG2E,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        out.stride(0), out.stride(1), table.stride(0) if use_table else src_len,
+        ks.stride(0), out.stride(0), out.stride(1), table.stride(0) if use_table else src_len,
         GROUP=group, GROUP_P2=triton.next_power_of_2(group), BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(dim), HEAD_DIM=dim, CAUSAL=causal, USE_TABLE=use_table,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=fp8,
         num_warps=num_warps or (4 if block_m * triton.next_power_of_2(group) * dim <= 64 * 64 else 8),
         num_stages=num_stages,
     )

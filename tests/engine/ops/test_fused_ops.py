@@ -20,7 +20,9 @@ if not CUDA:  # read when the kernels are decorated, i.e. when triton_kernels is
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
 
+from engine.kv import KVDestination
 from engine.ops import triton_kernels as tk
+from engine.ops import triton_rope as tr
 from engine.ops.activation import silu_and_mul_reference
 from engine.ops.norm import layer_norm_reference, rms_norm_reference
 from engine.ops.rotary import RotaryTable, apply_rotary, qk_norm_rope_reference
@@ -133,7 +135,7 @@ def test_qk_norm_rope(dtype, rows, heads):
     pos[0] = 0
     table = RotaryTable(d, 1e6, 131_072)
     cos, sin = table.get(DEV, dtype)
-    q, k, v = tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6)
+    q, k, v = tr.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6)
     rq, rk, rv = qk_norm_rope_reference(qkv, pos, 1e6, qw, kw, hq, hkv, 1e-6)
     _close(q, rq, dtype, cancels=True)
     _close(k, rk, dtype, cancels=True)
@@ -146,7 +148,7 @@ def test_qk_norm_rope(dtype, rows, heads):
     slots = torch.randperm(2 * rows + 5, generator=g)[:rows].to(DEV) + 1
     kc = torch.full((2 * rows + 6, hkv, d), float("nan"), dtype=dtype, device=DEV)
     vc = kc.clone()
-    q2, k2, v2 = tk.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6, kv_dest=(kc, vc, slots))
+    q2, k2, v2 = tr.qk_norm_rope(qkv, pos, cos, sin, qw, kw, hq, hkv, 1e-6, kv_dest=KVDestination(kc, vc, slots))
     assert k2 is None and v2 is None and torch.equal(vc[slots], v)
     _close(q2, rq, dtype, cancels=True)  # a separately compiled variant: its float order may differ
     _close(kc[slots], rk, dtype, cancels=True)
@@ -175,7 +177,7 @@ def test_bad_layouts_raise():
         ones = torch.ones(8, device=DEV)
         tk.add_layer_norm(x, torch.zeros(3, 8, device=DEV), ones, ones, 1e-5)
     with pytest.raises(ValueError, match="heads"):
-        tk.qk_norm_rope(torch.zeros(2, 10, device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV),
+        tr.qk_norm_rope(torch.zeros(2, 10, device=DEV), torch.zeros(2, dtype=torch.int64, device=DEV),
                         x, x, torch.ones(4, device=DEV), torch.ones(4, device=DEV), 1, 1, 1e-6)
 
 
