@@ -18,7 +18,7 @@ from engine.ops.triton_kernels import _rnd
 if TYPE_CHECKING:
     from engine.kv import KVDestination
 
-_E4M3_MAX = 448.0  # engine.kv.fp8.E4M3_MAX (a literal here: Triton reads module globals only as constexprs)
+_E4M3_MAX = tl.constexpr(448.0)  # engine.kv.fp8.E4M3_MAX; a jit function reads a module global only as a constexpr
 
 
 @triton.jit
