@@ -1,10 +1,13 @@
 """Decode attention alone, bf16 KV vs FP8 KV, over launch shapes: where an FP8 decode step's time goes.
 
 One layer of MOSS-TD's decoder attention (16 query heads, 8 KV heads, head_dim 128) at batch 1 and 16 and
-35K keys per sequence (fragmented slots, as the engine's pool is), through
+35K keys per sequence, through
 :func:`engine.attention.triton_ops.decode_attention` with the engine's split count; for each KV dtype a
 sweep of the stage-1 tile (keys per iteration, warps, pipeline stages). Reports microseconds per call
-(CUDA events) and the bytes-per-second that implies for the K/V (+ scales) read.
+(CUDA events) and the bytes-per-second that implies for the K/V (+ scales) read. The slots are a random
+permutation of the whole pool, the worst locality (the engine reserves each sequence's slots at once, so its
+keys sit mostly in runs): absolute times here are slower than in the engine's step (compare
+``decode_probe`` in engine_*_h200.json); the sweep ranks tiles and dtypes under the same layout.
 
 Run on the GPU machine:  python3 benchmarks/diag_fp8_decode.py --out benchmarks/results/diag_fp8_decode_h200.json
 """

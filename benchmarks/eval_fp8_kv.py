@@ -6,7 +6,7 @@ forced tokens; at every step the logits of a fixed probe of vocabulary ids are r
 vocabulary's top-1. Reported per context: relative error of the FP8 logits against the bf16 logits
 (``||a - b|| / ||b||`` over the probe; mean, p99, max) and top-1 agreement. Random weights are not a
 trained model's attention patterns: this bounds what the cache's rounding does to a full-size stack at
-these depths, not a real checkpoint's quality (docs/engine.md, "FP8 KV cache").
+these depths, not a real checkpoint's quality (docs/service.md, "FP8 KV cache").
 
 Run on the GPU machine:  python3 benchmarks/eval_fp8_kv.py --contexts 35000,90000 --steps 2000 \\
                            --out benchmarks/results/eval_fp8_kv_h200.json

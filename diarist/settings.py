@@ -201,7 +201,7 @@ class Settings(EnvSettings):
         "auto", description="What the engine's self-attention KV cache stores: auto (the compute dtype) or "
         "fp8_e4m3 (e4m3 codes with per token-head scales: 1.94x the context per byte, about half the bytes a "
         "decode step reads; CUDA compute capability 8.9+). Default auto until FP8 quality is measured on a "
-        "released checkpoint (docs/engine.md, FP8 KV cache).")
+        "released checkpoint (docs/service.md, FP8 KV cache).")
     attention_backend: Literal["torch", "triton"] | None = Field(
         None, description="Engine attention kernels; None = triton on CUDA, the torch reference on the CPU.")
     cuda_graph_max_bs: int | None = Field(

@@ -74,7 +74,7 @@ class EngineConfig:
             (e4m3 codes with a float32 scale per token and KV head, :mod:`engine.kv.fp8`: 1.94x the tokens
             per byte and about half the bytes each decode step reads). Whisper's cross-attention KV keeps the
             compute dtype. On CUDA, FP8 needs compute capability 8.9 or newer (Ada, Hopper). The default stays
-            ``"auto"`` until FP8's quality is measured on a released checkpoint (docs/engine.md, "FP8 KV").
+            ``"auto"`` until FP8's quality is measured on a released checkpoint (docs/service.md, "FP8 KV cache").
         kv_budget_bytes: bytes for the KV cache (self-attention pool plus Whisper cross-attention rows).
             ``None``: 1 GiB on CPU, ``kv_memory_fraction`` of free memory on CUDA after the weights load.
         kv_memory_fraction: fraction of free device memory given to KV when no byte budget is set.
