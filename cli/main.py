@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cli.listen import CannotListen
     from diarist.settings import InvalidSettings
     from engine.checkpoints import CheckpointError  # torch-free
     from engine.config import DeviceUnavailable
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DeviceUnavailable, CheckpointError, InvalidSettings) as e:  # an engine or the settings: one line
+    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen) as e:  # one line, not a traceback
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

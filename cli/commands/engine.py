@@ -32,10 +32,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     import socket
-    import sys
 
     import uvicorn
 
+    from cli.listen import check_listen
     from diarist.logs import configure_logging
     from diarist.scratch import Scratch
     from diarist.settings import Settings
@@ -49,19 +49,7 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else st.engine_port  # 0 is a port (any free one), not "unset"
     device = args.device or st.device
     check_device(device)  # DeviceUnavailable before anything listens
-    # A port in use is one line and exit 2 before loading the model, not a log line and exit 3 after minutes
-    # of weight loading and graph capture. A probe, released at once: the port opens only when uvicorn
-    # listens, so "port open" still means "engine ready" (a process that takes the port meanwhile makes
-    # uvicorn fail as before).
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
-            probe.bind(addr)
-            probe.listen(1)  # bind alone does not see a rival that also reuses the address
-    except OSError as e:
-        print(f"diarist: error: address_in_use: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    check_listen(host, port)  # a port in use: one line and exit 2 before the model loads (cli.listen)
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
                                      load_format=args.load_format, kv_dtype=args.kv_dtype))
     engine.start()
