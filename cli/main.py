@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from cli.listen import CannotListen
+    from cli.options import BadOption
     from diarist.settings import InvalidSettings
     from engine.checkpoints import CheckpointError  # torch-free
     from engine.config import DeviceUnavailable
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen) as e:  # one line, not a traceback
+    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen, BadOption) as e:  # one line
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
