@@ -1,4 +1,5 @@
-"""The listen-address check every serving command runs before it starts anything (``serve``, ``engine``).
+"""The listen-address check every serving command runs before it starts anything (``serve``, ``engine``,
+``demo --port``).
 
 A port already taken would otherwise surface only when uvicorn binds it, after the database, the workers and
 the model (minutes of weight loading and graph capture) have started, as a log line and exit status 3. The

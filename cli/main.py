@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen, BadOption) as e:  # one line
+    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen, BadOption) as e:  # coded: one line
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -198,10 +198,11 @@ def test_engine_on_a_port_in_use_is_one_line_before_the_model_loads(capsys):
     assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("embedded", [False, True], ids=["api", "embedded"])
-def test_serve_on_a_port_in_use_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch, embedded):
-    """``diarist serve [--embedded]`` on a taken port: the one line and exit 2 of ``diarist engine``, before the
-    stack (database, workers, engine) or uvicorn starts, rather than exit 3 after startup."""
+@pytest.mark.parametrize("command", ["serve", "serve --embedded", "demo"])
+def test_serve_on_a_port_in_use_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch, command):
+    """``diarist serve [--embedded]`` (and ``demo --port``) on a taken port: the one line and exit 2 of
+    ``diarist engine``, before the stack (database, workers, engine) or uvicorn starts, rather than exit 3
+    after startup."""
     import socket
 
     import uvicorn
@@ -216,8 +217,8 @@ def test_serve_on_a_port_in_use_is_one_line_before_anything_starts(tmp_path, cap
     monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path / "data"))
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        status, out, err = run_cli(capsys, "serve", *(["--embedded"] if embedded else []), "--host", "127.0.0.1",
-                                   "--port", str(port))
+        where = ["--port", str(port)] if command == "demo" else ["--host", "127.0.0.1", "--port", str(port)]
+        status, out, err = run_cli(capsys, *command.split(), *where)
     assert status == 2 and out == "", err
     assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}: ") and err.count("\n") == 1
     assert not (tmp_path / "data").exists()
