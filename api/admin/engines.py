@@ -90,8 +90,9 @@ def summary(stats: dict[str, dict | None]) -> list[dict[str, Any]]:
             continue
         hits, misses = st.get("encoder_cache_hits"), st.get("encoder_cache_misses")
         rate = hits / (hits + misses) if hits is not None and misses is not None and hits + misses > 0 else None
-        rows.append({"id": eid, "engine_id": st.get("engine_id"), "up": True, "model": st.get("model"), "device": st.get("device"),
-                     "running": st.get("running_requests"), "waiting": st.get("waiting_requests"),
+        rows.append({"id": eid, "engine_id": st.get("engine_id"), "up": True, "model": st.get("model"),
+                     "device": st.get("device"), "running": st.get("running_requests"),
+                     "waiting": st.get("waiting_requests"),
                      "kv_used_pct": 100.0 * float(st.get("kv_used_fraction") or 0.0),
                      "kv_tokens_total": st.get("kv_tokens_total"),
                      "tokens_per_s": float(st.get("tokens_per_s") or 0.0),
