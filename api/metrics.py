@@ -18,10 +18,12 @@ API (``router``), besides the event metrics:
   diarist_queue_messages{queue}         gauge: messages waiting in each broker queue (queue depth)
   diarist_workers{class}                gauge: workers answering a Celery ping, by class (short|long|webhooks)
   + the engine metrics below for the in-process engine (embedded) or every engine server of
-    DIARIST_ADMIN_ENGINE_URLS (default DIARIST_ENGINE_URL), labelled ``engine``; diarist_engine_up is 0 for
-    one that does not answer.
-Engine server (:func:`engine_metrics_router`), label ``engine``:
-  diarist_engine_up, diarist_engine_info{model,device}, diarist_engine_running_requests,
+    DIARIST_ADMIN_ENGINE_URLS (default DIARIST_ENGINE_URL), labelled ``engine`` with the configured URL
+    whether the engine answers or not (one series per engine, so an alert on ``diarist_engine_up == 0``
+    sees it recover); diarist_engine_up is 0 for one that does not answer, and the id the engine reports
+    for itself is the ``engine_id`` label of diarist_engine_info, which only an answering engine has.
+Engine server (:func:`engine_metrics_router`), label ``engine`` (its own id there):
+  diarist_engine_up, diarist_engine_info{engine_id,model,device}, diarist_engine_running_requests,
   diarist_engine_waiting_requests, diarist_engine_kv_cache_usage_ratio, diarist_engine_kv_cache_capacity_tokens,
   diarist_engine_kv_cache_used_tokens, diarist_engine_tokens_per_second (last 10 s),
   diarist_engine_{steps,prefill_tokens,decode_tokens,requests_finished,request_errors,cuda_graph_replays,
@@ -145,7 +147,12 @@ class BrokerCollector:
 
 
 class EngineCollector:
-    """Engine gauges and counters from ``source() -> {engine id: stats | None}`` (None: not answering)."""
+    """Engine gauges and counters from ``source() -> {engine key: stats | None}`` (None: not answering).
+
+    The key is the ``engine`` label of every series, so it must be the same whether the engine is up or down
+    (:func:`api.admin.engines.engine_stats`: the configured URL); the engine's own name (``stats["engine_id"]``,
+    else the key) is only the ``engine_id`` label of ``diarist_engine_info``.
+    """
 
     def __init__(self, source: Callable[[], dict[str, dict | None]]) -> None:
         self.source = source
@@ -158,8 +165,8 @@ class EngineCollector:
             stats = {}
         lab = ["engine"]
         up = GaugeMetricFamily("diarist_engine_up", "1 when the engine answered its stats.", labels=lab)
-        info = GaugeMetricFamily("diarist_engine_info", "The engine's model and device.",
-                                 labels=["engine", "model", "device"])
+        info = GaugeMetricFamily("diarist_engine_info", "The engine's own id, its model and device.",
+                                 labels=["engine", "engine_id", "model", "device"])
         gauges = {k: GaugeMetricFamily(f"diarist_engine_{n}", d, labels=lab) for k, n, d in (
             ("running_requests", "running_requests", "Requests being prefilled or decoded."),
             ("waiting_requests", "waiting_requests", "Requests waiting for admission (KV, batch slots)."),
@@ -172,7 +179,8 @@ class EngineCollector:
             up.add_metric([eid], 0 if st is None else 1)
             if st is None:
                 continue
-            info.add_metric([eid, str(st.get("model")), str(st.get("device"))], 1)
+            own_id = str(st.get("engine_id") or eid)
+            info.add_metric([eid, own_id, str(st.get("model")), str(st.get("device"))], 1)
             for k, fam in gauges.items():
                 if st.get(k) is not None:
                     fam.add_metric([eid], float(st[k]))

@@ -2,7 +2,9 @@
 
 Subcommands (each in :mod:`cli.commands`, exposing ``add_parser(subparsers)`` whose parser sets
 ``func``): ``serve``, ``demo``, ``transcribe``, ``keys``, ``migrate``, ``worker``, ``engine``, and ``eval``
-when its module is installed. Exit status: 0 success, 2 bad input or usage, 1 anything else.
+when its module is installed. Exit status: 0 success, 2 bad input or usage, 1 a dependency that does not
+answer (the database, object store, broker or engine: ``diarist: error: <dependency>_unavailable: ...``) or
+anything else.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cli.listen import CannotListen
+    from cli.options import BadOption
     from diarist.settings import InvalidSettings
     from engine.checkpoints import CheckpointError  # torch-free
     from engine.config import DeviceUnavailable
@@ -35,11 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (DeviceUnavailable, CheckpointError, InvalidSettings) as e:  # an engine or the settings: one line
+    except (DeviceUnavailable, CheckpointError, InvalidSettings, CannotListen, BadOption) as e:  # coded: one line
         print(f"diarist: error: {e.code}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        from diarist.outages import classify, reason
+
+        dep = classify(e)  # diarist.outages: the one rule for "a dependency is down"
+        if dep is None:
+            raise  # a bug: the traceback is what to report
+        print(f"diarist: error: {dep.code}: {reason(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

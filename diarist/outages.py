@@ -64,6 +64,17 @@ def classify(exc: BaseException) -> Dependency | None:
     return None
 
 
+def reason(exc: BaseException) -> str:
+    """What went wrong, on one line: the driver's own message for a SQLAlchemy error (its ``orig``, without
+    SQLAlchemy's statement and "Background on this error" lines), a :class:`DependencyUnavailable`'s message,
+    else ``str(exc)``; whitespace collapsed, the exception's type name when the message is empty."""
+    if isinstance(exc, DependencyUnavailable):
+        text = exc.message
+    else:
+        text = str(getattr(exc, "orig", None) or exc)
+    return " ".join(text.split()) or type(exc).__name__
+
+
 def _classify_one(e: BaseException) -> Dependency | None:
     if isinstance(e, DependencyUnavailable):
         return e.dependency

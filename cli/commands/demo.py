@@ -83,11 +83,13 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     from cli.commands.stack import EmbeddedStack, embedded_settings
+    from cli.listen import check_listen
 
     path = Path(args.file) if args.file else demo_recording()
     if not path.is_file():
         print(f"diarist: error: not_found: no such file: {path}", file=sys.stderr)
         return 2
+    check_listen("127.0.0.1", args.port)  # a --port in use: one line and exit 2 before the stack starts
     overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
     t0 = time.monotonic()
     print("starting the embedded stack (SQLite, local object store, in-memory Celery, in-process engine)...",

@@ -9,6 +9,7 @@ import argparse
 from typing import Any
 
 from cli.commands import plain
+from cli.options import add_dummy_config, dummy_config
 from engine.config import KV_DTYPES, MODEL_FAMILIES
 
 
@@ -23,6 +24,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--load-format", default=None, choices=["auto", "ct2", "hf", "dummy"],
                    help="checkpoint format (default DIARIST_LOAD_FORMAT, auto); dummy = random weights, whose "
                    "transcripts are noise")
+    add_dummy_config(p)
     p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
                    help="KV cache storage (default DIARIST_KV_DTYPE, auto = the compute dtype; fp8_e4m3: FP8 codes "
                    "with per token-head scales, CUDA compute capability 8.9+)")
@@ -32,10 +34,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     import socket
-    import sys
 
     import uvicorn
 
+    from cli.listen import check_listen
     from diarist.logs import configure_logging
     from diarist.scratch import Scratch
     from diarist.settings import Settings
@@ -48,22 +50,11 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or st.engine_host
     port = args.port if args.port is not None else st.engine_port  # 0 is a port (any free one), not "unset"
     device = args.device or st.device
+    dummy = dummy_config(args.dummy_config, args.model or st.model, args.load_format or st.load_format)
     check_device(device)  # DeviceUnavailable before anything listens
-    # A port in use is one line and exit 2 before loading the model, not a log line and exit 3 after minutes
-    # of weight loading and graph capture. A probe, released at once: the port opens only when uvicorn
-    # listens, so "port open" still means "engine ready" (a process that takes the port meanwhile makes
-    # uvicorn fail as before).
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
-            probe.bind(addr)
-            probe.listen(1)  # bind alone does not see a rival that also reuses the address
-    except OSError as e:
-        print(f"diarist: error: address_in_use: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    check_listen(host, port)  # a port in use: one line and exit 2 before the model loads (cli.listen)
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
-                                     load_format=args.load_format, kv_dtype=args.kv_dtype))
+                                     load_format=args.load_format, dummy_config=dummy, kv_dtype=args.kv_dtype))
     engine.start()
     # Uploads are spooled under this process's scratch directory; a killed server's are removed here.
     scratch = Scratch.create("engine", st.scratch_dir)

@@ -42,11 +42,17 @@ def run(args: argparse.Namespace) -> int:
         print("diarist serve: --workers takes a count >= 1 and runs the API only (not with --embedded, whose "
               "one process holds the engine)", flush=True)
         return 2
+    from cli.listen import check_listen
+
     if args.embedded or st.embedded:
         from cli.commands.stack import EmbeddedStack, embedded_settings
+        from engine.resolve import check_device
 
         overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
-        stack = EmbeddedStack(embedded_settings(st, **overrides)).start()
+        est = embedded_settings(st, **overrides)
+        check_device(est.device)  # as `diarist engine`: a missing device first, then the port
+        check_listen(host, port)  # a port in use: one line and exit 2 before the stack starts (cli.listen)
+        stack = EmbeddedStack(est).start()
         print(f"Diarist (embedded) listening on http://{host}:{port}  (API docs: http://{host}:{port}/docs)",
               flush=True)
         try:
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    check_listen(host, port)  # before uvicorn builds the app and its connections
     workers = args.workers or st.api_workers
     if workers > 1:  # each process builds its own services from the same settings (the factory below)
         uvicorn.run("cli.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from cli.commands import plain
+from cli.options import add_dummy_config, dummy_config
 from diarist.formats import SUPPORTED_FORMATS
 from engine.config import KV_DTYPES
 
@@ -25,8 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "default) or base (multilingual: pip install 'diarist[multilingual]')")
     p.add_argument("--load-format", default="auto", choices=["auto", "ct2", "hf", "dummy"],
                    help="checkpoint format; dummy = random weights (exercises the path, output is noise)")
-    p.add_argument("--dummy-config", default=None,
-                   help="JSON shape overrides for --load-format dummy, or 'tiny' for the CI-sized model")
+    add_dummy_config(p)
     p.add_argument("--max-new-tokens", type=int, default=None, help="output budget per sequence (tokens)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
@@ -79,24 +79,10 @@ def run(args: argparse.Namespace) -> int:
         probe_duration(path)  # cheap header check: a non-media file fails before the model loads
     except AudioError as e:
         return fail(e.code, e.message)
-    dummy: dict = {}
-    if args.dummy_config == "tiny":
-        from engine.loaders.registry import tiny_dummy_config
-
-        try:
-            dummy = tiny_dummy_config(args.model)
-        except ValueError as e:
-            return fail("bad_model", str(e))
-    elif args.dummy_config:
-        import json
-
-        try:
-            dummy = json.loads(args.dummy_config)
-        except ValueError as e:
-            return fail("bad_option", f"--dummy-config is not JSON: {e}")
+    dummy = dummy_config(args.dummy_config, args.model, args.load_format)  # BadOption: the CLI's one line, exit 2
     try:
         engine = Engine(Settings().engine_config(model=args.model, model_path=args.model_path, device=args.device,
-                                                 load_format=args.load_format, dummy_config=dummy or None,
+                                                 load_format=args.load_format, dummy_config=dummy,
                                                  dtype=args.dtype, kv_dtype=args.kv_dtype))
     except DeviceUnavailable:
         raise  # the CLI's one line and exit 2

@@ -4,6 +4,11 @@ failed look at the engines is reported, never a dropped check or a 500."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import json
+import threading
+
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -114,3 +119,69 @@ def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_en
     assert ready.json()["checks"]["engine"] == "error: RuntimeError: stats table corrupt"
     assert metrics.status_code == 200 and "diarist_jobs{" in metrics.text
     assert "diarist_engine_up{" not in metrics.text
+
+
+@contextlib.contextmanager
+def stats_server(stats: dict):
+    """A loopback engine server stand-in answering ``GET /stats`` with ``stats``; yields its base URL."""
+    body = json.dumps(stats).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/stats" else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_an_engine_is_one_series_labelled_by_its_url_up_and_down(tmp_path, admin_env, monkeypatch):
+    """M5: ``diarist_engine_up`` keeps the configured URL as its ``engine`` label when the engine goes down, so
+    an alert on ``== 0`` sees the same series; the engine's own id is only a label of ``diarist_engine_info``."""
+    from api.admin import engines
+    from api.app import create_app
+
+    monkeypatch.setattr(engines, "CACHE_S", 0.0)  # every scrape asks the engines again
+    engines._cache.clear()
+
+    def scrape(c) -> dict:
+        return {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+
+    svc = services_for(tmp_path)
+    svc.dispatcher = Broker()
+    try:
+        with stats_server({"engine_id": "gpu-host:8100:cuda:0", "model": "whisper", "device": "cuda:0",
+                           "running_requests": 2, "waiting_requests": 0}) as url:
+            admin_env(url)
+            with TestClient(create_app(svc)) as c:
+                up_fams = scrape(c)
+                summary_up = engines.summary(engines.engine_stats(c.app))
+        with TestClient(create_app(svc)) as c:  # the server is gone: the same URL, now down
+            down_fams = scrape(c)
+            summary_down = engines.summary(engines.engine_stats(c.app))
+    finally:
+        svc.close()
+        engines._cache.clear()
+
+    def series(fams, name):
+        return {tuple(sorted(s.labels.items())): s.value for s in fams[name].samples} if name in fams else {}
+
+    assert series(up_fams, "diarist_engine_up") == {(("engine", url),): 1.0}
+    assert series(down_fams, "diarist_engine_up") == {(("engine", url),): 0.0}
+    assert series(up_fams, "diarist_engine_running_requests") == {(("engine", url),): 2.0}
+    assert series(up_fams, "diarist_engine_info") == {
+        (("device", "cuda:0"), ("engine", url), ("engine_id", "gpu-host:8100:cuda:0"), ("model", "whisper")): 1.0}
+    assert series(down_fams, "diarist_engine_info") == {}  # a down engine reports no id
+    assert [(r["id"], r["engine_id"], r["up"]) for r in summary_up] == [(url, "gpu-host:8100:cuda:0", True)]
+    assert [(r["id"], r["engine_id"], r["up"]) for r in summary_down] == [(url, None, False)]

@@ -198,6 +198,41 @@ def test_engine_on_a_port_in_use_is_one_line_before_the_model_loads(capsys):
     assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv", [["migrate"], ["keys", "list"]], ids=["migrate", "keys"])
+def test_a_database_that_does_not_answer_is_one_line_and_status_1(capsys, monkeypatch, argv):
+    """Postgres down (nothing listens on its port): ``database_unavailable`` on one line, no traceback, exit 1
+    (a dependency down, not bad input); ``migrate`` names the database without its password."""
+    import logging
+
+    from tests.servers import free_port
+
+    # as in a fresh process: no root handler left by an earlier test on a capture stream that is now closed
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    port = free_port()
+    monkeypatch.setenv("DIARIST_DATABASE_URL", f"postgresql+psycopg://diarist:s3cret@127.0.0.1:{port}/diarist")
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 1 and out == "", err
+    assert err.count("\n") == 1 and "Traceback" not in err and "s3cret" not in err
+    assert err.startswith("diarist: error: database_unavailable: ")
+    assert f'connection to server at "127.0.0.1", port {port} failed: Connection refused' in err
+    assert "sqlalche.me" not in err  # the driver's reason, not SQLAlchemy's wrapper text
+    if argv == ["migrate"]:
+        assert err.startswith(f"diarist: error: database_unavailable: cannot reach the database at "
+                              f"127.0.0.1:{port}/diarist: connection failed: ")
+
+
+def test_a_bug_is_still_a_traceback(monkeypatch):
+    """Only an outage (diarist.outages.classify) becomes the one line: any other error propagates."""
+    import diarist.db
+
+    def broken(*_a, **_k):
+        raise KeyError("not an outage")
+
+    monkeypatch.setattr(diarist.db, "upgrade", broken)
+    with pytest.raises(KeyError):
+        main(["migrate"])
+
+
 def test_engine_does_not_answer_before_it_is_ready(monkeypatch):
     """The port probe is released before the model loads: while it loads, a connection is refused, so a
     deployment that waits for the port (compose, the tests' wait_port) still waits for a ready engine."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cli.main import main
 from tests.conftest import data_file
 
@@ -48,3 +50,62 @@ def test_engine_server_without_a_checkpoint_refuses_to_start(capsys, monkeypatch
     status = main(["engine", "--model", "moss-td", "--port", "0"])  # fails before the model loads
     err = capsys.readouterr().err
     assert status == 2 and err.startswith("diarist: error: bad_model: moss-td needs its checkpoint")
+
+
+def engine_config_of(monkeypatch, argv):
+    """The ``EngineConfig`` a command builds its engine from (the engine itself is not loaded)."""
+    import engine
+
+    seen = {}
+
+    class Built(Exception):
+        pass
+
+    def capture(config):
+        seen["config"] = config
+        raise Built
+
+    monkeypatch.setattr(engine, "Engine", capture)
+    try:
+        main(argv)
+    except Built:
+        return seen["config"]
+    raise AssertionError(f"{argv} did not build an engine")
+
+
+def test_engine_takes_dummy_config_as_transcribe_does(monkeypatch):
+    """``diarist engine --dummy-config`` (tiny or JSON) reaches the engine config as transcribe's does."""
+    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+
+    monkeypatch.delenv("DIARIST_LOAD_FORMAT", raising=False)
+    wav = str(data_file("en_short_yes/yes_1000ms.wav"))
+    shapes = {"text_config": {"num_hidden_layers": 1}}
+    for value, want in (("tiny", TINY_DUMMY_CONFIG), (json.dumps(shapes), shapes)):
+        args = ["--model", "moss-td", "--load-format", "dummy", "--dummy-config", value, "--device", "cpu"]
+        served = engine_config_of(monkeypatch, ["engine", "--host", "127.0.0.1", "--port", "0", *args])
+        local = engine_config_of(monkeypatch, ["transcribe", wav, *args])
+        assert served.dummy_config == local.dummy_config == want
+        assert served.load_format == local.load_format == "dummy" and served.model == local.model == "moss-td"
+
+
+@pytest.mark.parametrize("command", ["engine", "transcribe"])
+@pytest.mark.parametrize(("value", "load_format", "message"), [
+    ("{not json", "dummy", "--dummy-config is not JSON: "),
+    ("[1, 2]", "dummy", "--dummy-config must be a JSON object of config fields, or 'tiny'; got '[1, 2]'"),
+    ('{"d_model": 64}', "auto", "--dummy-config shapes random weights: it needs --load-format dummy"),
+], ids=["not_json", "not_an_object", "not_dummy_weights"])
+def test_a_bad_dummy_config_is_one_line_before_the_model_loads(capsys, monkeypatch, command, value, load_format,
+                                                               message):
+    import engine
+
+    def no_engine(*_a, **_k):
+        raise AssertionError("the model must not load for a bad --dummy-config")
+
+    monkeypatch.setattr(engine, "Engine", no_engine)
+    monkeypatch.delenv("DIARIST_LOAD_FORMAT", raising=False)
+    head = {"engine": ["engine", "--host", "127.0.0.1", "--port", "0"],
+            "transcribe": ["transcribe", str(data_file("en_short_yes/yes_1000ms.wav"))]}[command]
+    status = main([*head, "--model", "moss-td", "--load-format", load_format, "--dummy-config", value])
+    out = capsys.readouterr()
+    assert status == 2 and out.out == "", out.err
+    assert out.err.startswith(f"diarist: error: bad_option: {message}") and out.err.count("\n") == 1

@@ -1,0 +1,40 @@
+"""The listen-address check every serving command runs before it starts anything (``serve``, ``engine``,
+``demo --port``).
+
+A port already taken would otherwise surface only when uvicorn binds it, after the database, the workers and
+the model (minutes of weight loading and graph capture) have started, as a log line and exit status 3. The
+check is a probe released at once: the port opens only when uvicorn listens, so "port open" still means
+"ready" (a process that takes the port meanwhile makes uvicorn fail as before).
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+
+class CannotListen(Exception):
+    """The address cannot be listened on. ``code``: ``address_in_use`` (another process holds the port) or
+    ``cannot_listen`` (anything else: an unresolvable or non-local host, a privileged port); the message is
+    ``cannot listen on HOST:PORT: <reason>``. The CLI prints it as its one error line and exits 2."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind and listen on ``(host, port)`` as uvicorn will, then release it at once.
+
+    ``port`` 0 (any free port) always passes. Raises:
+        CannotListen: the bind or listen fails (see the class for the codes).
+    """
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+            probe.bind(addr)
+            probe.listen(1)  # bind alone does not see a rival that also reuses the address
+    except OSError as e:
+        code = "address_in_use" if e.errno == errno.EADDRINUSE else "cannot_listen"
+        raise CannotListen(code, f"cannot listen on {host}:{port}: {e.strerror or e}") from None

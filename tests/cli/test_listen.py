@@ -1,0 +1,77 @@
+"""The listen-address check (cli/listen.py) of the serving commands: a taken port is one line and exit 2
+before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging(monkeypatch):
+    """``serve`` configures logging on the test's capture stream: leave the root logger as it was."""
+    import logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", ["serve", "serve --embedded", "demo"])
+def test_serve_on_a_port_in_use_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch, command):
+    """``diarist serve [--embedded]`` (and ``demo --port``) on a taken port: the one line and exit 2 of
+    ``diarist engine``, before the stack (database, workers, engine) or uvicorn starts, rather than exit 3
+    after startup."""
+    import socket
+
+    import uvicorn
+
+    from cli.commands import stack
+
+    def started(*_a, **_k):
+        raise AssertionError("diarist serve started something on a port in use")
+
+    monkeypatch.setattr(uvicorn, "run", started)
+    monkeypatch.setattr(stack.EmbeddedStack, "start", started)
+    monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path / "data"))
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        where = ["--port", str(port)] if command == "demo" else ["--host", "127.0.0.1", "--port", str(port)]
+        status, out, err = run_cli(capsys, *command.split(), *where)
+    assert status == 2 and out == "", err
+    assert err.startswith(f"diarist: error: address_in_use: cannot listen on 127.0.0.1:{port}: ") and err.count("\n") == 1
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_listen_check_names_what_is_wrong():
+    """One rule for ``serve`` and ``engine`` (cli.listen): a taken port is ``address_in_use``, even when its
+    holder set SO_REUSEADDR as uvicorn does; an address this host does not have is ``cannot_listen``; a free
+    port passes and is released (it can be bound again at once)."""
+    import socket
+
+    from cli.listen import CannotListen, check_listen
+
+    with socket.socket() as rival:
+        rival.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        rival.bind(("127.0.0.1", 0))
+        rival.listen(1)
+        port = rival.getsockname()[1]
+        with pytest.raises(CannotListen) as e:
+            check_listen("127.0.0.1", port)
+    assert e.value.code == "address_in_use" and str(e.value).startswith(f"cannot listen on 127.0.0.1:{port}: ")
+    with pytest.raises(CannotListen) as e:
+        check_listen("192.0.2.1", 0)  # TEST-NET-1: never an address of this host
+    assert e.value.code == "cannot_listen" and str(e.value).startswith("cannot listen on 192.0.2.1:0: ")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    check_listen("127.0.0.1", free)
+    with socket.create_server(("127.0.0.1", free)):  # the probe did not keep it
+        pass
