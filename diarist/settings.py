@@ -266,7 +266,8 @@ class Settings(EnvSettings):
                                   "transcript with no_speech (OpenAI's API refuses under 0.1).")
     api_threads: int = Field(256, description="Worker threads for sync routes and SSE streams in the API.")
     url_fetch_timeout_s: float = Field(60.0, description="Timeout for fetching an `audio_url`.")
-    sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result.")
+    sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result; "
+                                  "then 504 timeout naming the job, which goes on.")
 
     # -- webhooks -------------------------------------------------------------------------------------
     webhook_timeout_s: float = Field(10.0, description="Receiver must answer within this.")

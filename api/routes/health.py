@@ -9,12 +9,15 @@ line in ``warnings``.
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from api.deps import ServicesDep
 
+log = logging.getLogger("diarist.api")
 router = APIRouter(tags=["health"])
 
 
@@ -40,6 +43,36 @@ def _checks(request: Request, services) -> dict[str, str]:
     return checks
 
 
+def _down(stats: dict[str, dict | None]) -> list[str]:
+    """The engines of an :func:`api.admin.engines.engine_stats` answer that did not answer, sorted."""
+    return sorted(k for k, v in stats.items() if v is None)
+
+
+def engine_unavailable(request: Request) -> str | None:
+    """Why no engine can take a job right now, or None when one can or it cannot be told.
+
+    The facts ``/readyz`` reports: the in-process engine's probe (embedded mode) says not ready, or every
+    engine server (production; :func:`api.admin.engines.engine_stats`, cached 2 s) does not answer. One
+    engine server down of several is not unavailable: the workers send its jobs to the others
+    (``worker/engine_pool.py``). A failed look (a bug, not an outage) answers None, so a request is never
+    refused on a guess. Blocking (HTTP to the engine servers): call it on a worker thread.
+    """
+    probe = getattr(request.app.state, "engine_ready", None)
+    if probe is not None:
+        return None if probe() else "the in-process engine is not ready"
+    from api.admin import engines
+
+    try:
+        stats = engines.engine_stats(request.app)
+    except Exception:  # unknown is not down (see the docstring); /readyz reports the error
+        log.warning("engine availability could not be read", exc_info=True)
+        return None
+    down = _down(stats)
+    if stats and len(down) == len(stats):
+        return f"no engine server answers ({', '.join(down)})"
+    return None
+
+
 def _engine_servers(request: Request) -> tuple[str | None, list[str]]:
     """(``ok``, or which engine servers do not answer, None when there are none to ask (embedded);
     the engines, in-process or servers, that run random weights)."""
@@ -53,7 +86,7 @@ def _engine_servers(request: Request) -> tuple[str | None, list[str]]:
     random = sorted(k for k, v in stats.items() if v and v.get("random_weights"))
     if getattr(request.app.state, "engine_ready", None) is not None or not stats:
         return None, random
-    down = sorted(k for k, v in stats.items() if v is None)
+    down = _down(stats)
     return ("ok" if not down else f"error: not answering: {', '.join(down)}"[:300]), random
 
 

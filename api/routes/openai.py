@@ -12,6 +12,8 @@ A translation is a transcription with ``task=translate`` (multilingual Whisper o
 Every JSON shape and the final stream event carry ``finish_reason``, ``incomplete``,
 ``incomplete_reason``, ``coverage`` and ``warnings`` as extra fields, and every answer carries them as
 ``X-Diarist-*`` headers (:func:`diarist.formats.render_openai`).
+The wait (:mod:`api.sync_wait`): no engine able to serve is 503 ``engine_unavailable`` before any job exists,
+the deadline 504 ``timeout`` naming the job (which goes on), and a client that disconnects cancels its job.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, UploadFile
+from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
@@ -29,11 +31,14 @@ from pydantic import ValidationError
 from api.deps import PrincipalDep, ServicesDep
 from api.errors import ApiError, describe_errors
 from api.routes.events import job_events
+from api.routes.health import engine_unavailable
 from api.routes.jobs import ERRORS
 from api.schemas import JobOptions
 from api.submit import AudioSource, submit_job
+from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
 from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
 from diarist.models import Job, new_id
+from diarist.outages import Dependency
 from diarist.services import Services
 from diarist.transcript import Transcript
 
@@ -56,12 +61,12 @@ def _finished(services: Services, job_id: str, events: Iterator[dict]) -> tuple[
     return job, Transcript.model_validate_json(services.store.get_bytes(job.transcript_key))
 
 
-def _deadline(events: Iterator[dict], seconds: float) -> Iterator[dict]:
+def _deadline(events: Iterator[dict], job_id: str, seconds: float) -> Iterator[dict]:
     end = time.monotonic() + seconds
     for ev in events:
         yield ev
         if time.monotonic() > end:
-            raise ApiError(504, "timeout", f"the transcription did not finish within {seconds:g} s")
+            raise sync_timeout(job_id, seconds)
 
 
 def _raise_failed(job: Job) -> None:
@@ -81,18 +86,22 @@ def _sse(obj: dict) -> str:
 def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -> Iterator[str]:
     sent = []
     live = 0  # transcript.text.segment events sent while the model decoded (MOSS-TD)
-    for ev in events:
-        if ev.get("type") == "delta" and ev.get("text"):
-            sent.append(ev["text"])
-            yield _sse({"type": "transcript.text.delta", "delta": ev["text"]})
-        elif ev.get("type") == "segment" and fmt == "diarized_json" and ev.get("text") and ev.get("speaker"):
-            # a segment that knows its speaker already (MOSS-TD's, as it completes)
-            yield _sse({"type": "transcript.text.segment", "id": f"seg_{live}", "start": ev.get("start"),
-                        "end": ev.get("end") if ev.get("end") is not None else ev.get("start"),
-                        "speaker": ev["speaker"], "text": ev["text"]})
-            live += 1
-        elif ev.get("type") == "status" and ev.get("status") in ("completed", "failed", "canceled"):
-            break
+    try:
+        for ev in events:
+            if ev.get("type") == "delta" and ev.get("text"):
+                sent.append(ev["text"])
+                yield _sse({"type": "transcript.text.delta", "delta": ev["text"]})
+            elif ev.get("type") == "segment" and fmt == "diarized_json" and ev.get("text") and ev.get("speaker"):
+                # a segment that knows its speaker already (MOSS-TD's, as it completes)
+                yield _sse({"type": "transcript.text.segment", "id": f"seg_{live}", "start": ev.get("start"),
+                            "end": ev.get("end") if ev.get("end") is not None else ev.get("start"),
+                            "speaker": ev["speaker"], "text": ev["text"]})
+                live += 1
+            elif ev.get("type") == "status" and ev.get("status") in ("completed", "failed", "canceled"):
+                break
+    except ApiError as e:  # the deadline: the stream ends with its error event, the job goes on
+        yield _sse({"type": "error", "error": {"code": e.code, "message": e.message}})
+        return
     job, t = _finished(services, job_id, iter(()))
     if t is None:
         err = {"code": job.error_code or "internal_error", "message": job.error_message or "failed"}
@@ -111,7 +120,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
                                                                       "text/event-stream": {}}}, **ERRORS},
              summary="OpenAI-compatible transcription (synchronous, or SSE with stream=true)")
 async def create_transcription(
-    services: ServicesDep, principal: PrincipalDep,
+    request: Request, services: ServicesDep, principal: PrincipalDep,
     file: Annotated[UploadFile, File(description="The recording")],
     model: Annotated[str, Form()],
     language: Annotated[str | None, Form(max_length=16)] = None,
@@ -124,31 +133,37 @@ async def create_transcription(
     max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
     task: Annotated[Literal["transcribe", "translate"] | None, Form()] = None,
 ) -> Response:
+    """The transcript once the job is final (or its events with ``stream=true``).
+
+    Refused at once, before any job exists: 503 ``engine_unavailable`` with ``Retry-After`` when no engine
+    can take it (:func:`api.routes.health.engine_unavailable`), and what :func:`api.submit.submit_job`
+    refuses. Then 504 ``timeout`` after ``sync_timeout_s`` (the job goes on; the message names it), the
+    failed job's code, and a client that disconnects cancels its job (:mod:`api.sync_wait`).
+    """
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
                           min_speakers=min_speakers, max_speakers=max_speakers, task=task)
     except ValidationError as e:
         raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
+    if (why := await run_in_threadpool(engine_unavailable, request)) is not None:
+        # nobody would wait out the outage for this answer: refuse instead of queueing a job
+        raise ApiError(503, Dependency.ENGINE.code, f"{why}; nothing was queued, retry later",
+                       headers={"Retry-After": str(services.settings.retry_after_s)})
     job_id = new_id("job")
     sub = services.bus.subscribe(job_id)  # before the job exists: no event can be missed
     try:
         job, _ = await run_in_threadpool(submit_job, services, principal, opts,
                                          AudioSource(fileobj=file.file, filename=file.filename), None, "openai",
                                          job_id)
-        events = _deadline(job_events(services, job, sub, ticks=True), services.settings.sync_timeout_s)
+        events = _deadline(job_events(services, job, sub, ticks=True), job_id, services.settings.sync_timeout_s)
     except BaseException:
         sub.close()
         raise
     if stream:
-        def gen() -> Iterator[str]:
-            try:
-                yield from _stream(services, job_id, events, response_format)
-            finally:
-                sub.close()
-
-        return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        body = stream_unless_gone(services, job_id, _stream(services, job_id, events, response_format), sub.close)
+        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        job, t = await run_in_threadpool(_finished, services, job_id, events)
+        job, t = await wait_unless_gone(request, services, job_id, lambda: _finished(services, job_id, events))
     finally:
         sub.close()
     if t is None:
@@ -160,7 +175,7 @@ async def create_transcription(
                                                     **ERRORS},
              summary="OpenAI-compatible translation into English (multilingual Whisper only)")
 async def create_translation(
-    services: ServicesDep, principal: PrincipalDep,
+    request: Request, services: ServicesDep, principal: PrincipalDep,
     file: Annotated[UploadFile, File(description="The recording")],
     model: Annotated[str, Form()],
     prompt: Annotated[str | None, Form(max_length=2000)] = None,
@@ -172,5 +187,5 @@ async def create_translation(
 ) -> Response:
     """English text of speech in any language: a transcription with ``task=translate`` (422
     ``unsupported_task`` on an English-only model). verbose_json's ``language`` is the speech's language."""
-    return await create_transcription(services, principal, file, model, None, prompt, response_format, temperature,
+    return await create_transcription(request, services, principal, file, model, None, prompt, response_format, temperature,
                                       False, num_speakers, min_speakers, max_speakers, task="translate")

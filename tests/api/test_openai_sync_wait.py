@@ -1,0 +1,168 @@
+"""The synchronous OpenAI-compatible route's wait: refused at once when no engine can serve (503
+``engine_unavailable``), 504 ``timeout`` naming the job (which goes on), and a client that disconnects
+cancels its job (``api/sync_wait.py``). No engine runs here: the dispatcher only records enqueues, so a
+job stays queued for as long as a test needs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from diarist.models import Job
+
+WAV = Path(__file__).resolve().parents[2] / "diarist" / "assets" / "demo_2spk_phonecall.wav"
+
+
+class Dispatcher:
+    """Records the jobs sent to the queue; no worker takes them."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def queue_for(self, duration_s):
+        return "transcribe.short"
+
+    def transcribe(self, job_id, queue):
+        self.sent.append(job_id)
+
+    def webhook(self, *a, **k):
+        pass
+
+    def ping(self):
+        pass
+
+
+def services(tmp_path, **overrides):
+    from diarist.services import Services
+    from diarist.settings import Settings
+
+    st = Settings.model_validate({**Settings().model_dump(), "embedded": True, "data_dir": tmp_path, "auth": False,
+                                  "retry_after_s": 7, **overrides})
+    s = Services.from_settings(st, migrate=True)
+    s.dispatcher = Dispatcher()
+    return s
+
+
+@pytest.fixture
+def svc(tmp_path):
+    s = services(tmp_path, sync_timeout_s=3)  # a wait that should not happen fails the test, never hangs it
+    yield s
+    s.close()
+
+
+def rows(svc) -> list[Job]:
+    with svc.db.session() as s:
+        return list(s.query(Job))
+
+
+def transcribe(client, **data):
+    with WAV.open("rb") as f:
+        return client.post("/v1/audio/transcriptions", data={"model": "whisper-1", **data},
+                           files={"file": ("call.wav", f)})
+
+
+def test_in_process_engine_not_ready_answers_503_at_once_and_queues_nothing(svc):
+    from api.app import create_app
+
+    with TestClient(create_app(svc, engine_ready=lambda: False), raise_server_exceptions=False) as c:
+        r = transcribe(c)
+        later = c.post("/v1/jobs", files={"file": ("call.wav", WAV.read_bytes())})
+    assert r.status_code == 503 and r.headers["retry-after"] == "7", r.text
+    assert r.json()["error"]["code"] == "engine_unavailable"
+    assert "in-process engine is not ready" in r.json()["error"]["message"]
+    # only the synchronous route refuses: a queued job waits the outage out (docs/service.md)
+    assert later.status_code == 202
+    assert [j.id for j in rows(svc)] == svc.dispatcher.sent == [later.json()["id"]]
+
+
+def test_every_engine_server_down_answers_503_one_up_is_served(tmp_path):
+    """Production: the engine servers' /stats (the /readyz facts). All of them silent: 503 at once; one
+    of two answering: the job is queued (the workers fail over), here ending in the deadline."""
+    from api.app import create_app
+
+    svc = services(tmp_path, embedded=False, engine_url="http://127.0.0.1:9", sync_timeout_s=0.5)
+    try:
+        app = create_app(svc)
+        with TestClient(app, raise_server_exceptions=False) as c:
+            down = transcribe(c)
+            app.state.engine_stats = lambda: {"e1": None, "e2": {"running_requests": 0}}
+            half = transcribe(c)
+        assert down.status_code == 503 and down.headers["retry-after"] == "7"
+        assert down.json()["error"] == {"code": "engine_unavailable", "message": "no engine server answers "
+                                        "(http://127.0.0.1:9); nothing was queued, retry later"}
+        assert half.status_code == 504 and half.json()["error"]["code"] == "timeout"
+        assert len(svc.dispatcher.sent) == 1
+    finally:
+        svc.close()
+
+
+def test_the_deadline_answers_504_naming_the_job_which_goes_on(tmp_path):
+    from api.app import create_app
+
+    svc = services(tmp_path, sync_timeout_s=0.5)
+    try:
+        with TestClient(create_app(svc), raise_server_exceptions=False) as c:
+            r = transcribe(c)
+            (job_id,) = svc.dispatcher.sent
+            job = c.get(f"/v1/jobs/{job_id}")
+            streamed = transcribe(c, stream="true")
+        assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+        assert f"GET /v1/jobs/{job_id}" in r.json()["error"]["message"]
+        assert job.status_code == 200 and job.json()["status"] == "queued"  # not canceled: fetch it later
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert streamed.status_code == 200 and len(events) == 1 and '"code": "timeout"' in events[0]
+        assert [j.status for j in rows(svc)] == ["queued", "queued"]
+    finally:
+        svc.close()
+
+
+def _asgi_post_then_leave(app, svc, **data) -> list[dict]:
+    """POST the recording to the route over raw ASGI, then disconnect once the job is queued (as a client
+    that closes its socket); returns the messages the app sent."""
+    req = httpx.Request("POST", "http://test/v1/audio/transcriptions", data={"model": "whisper-1", **data},
+                        files={"file": ("call.wav", WAV.read_bytes())})
+    body = req.read()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/audio/transcriptions", "raw_path": b"",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000), "server": ("test", 80),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in req.headers.items()]}
+    sent: list[dict] = []
+    calls = 0
+
+    async def receive() -> dict:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        while not svc.dispatcher.sent:
+            await asyncio.sleep(0.01)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async def main() -> None:
+        await asyncio.wait_for(app(scope, receive, send), timeout=30)
+
+    asyncio.run(main())
+    return sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_disconnects_cancels_its_job(tmp_path, stream):
+    from api.app import create_app
+
+    svc = services(tmp_path, sync_timeout_s=3)  # bounds the wait should the client's leaving go unseen
+    try:
+        sent = _asgi_post_then_leave(create_app(svc), svc, **({"stream": "true"} if stream else {}))
+        (job,) = rows(svc)
+    finally:
+        svc.close()
+    assert job.id == svc.dispatcher.sent[0]
+    assert (job.status, job.error_code) == ("canceled", "canceled")
+    if not stream:  # the answer nobody reads: 499, which the request metrics count
+        assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
