@@ -11,7 +11,8 @@ Names follow https://prometheus.io/docs/practices/naming/; label ``class`` is th
 (``short`` / ``long``).
 
   diarist_jobs_submitted_total{class}                 jobs accepted (202) by this API process
-  diarist_jobs_finished_total{class,status,code}      final transitions: completed | failed (code) | canceled
+  diarist_jobs_finished_total{class,status,code}      final transitions: completed (code none) | failed (its
+                                                      code) | canceled (code canceled)
   diarist_audio_processed_seconds_total{class}        audio seconds of completed jobs
   diarist_job_queue_wait_seconds{class}               histogram: first claim − submit, of finished jobs that ran
   diarist_job_rtf_ratio{class}                        histogram: processing s / audio s, completed jobs
@@ -65,7 +66,7 @@ class ServiceMetrics:
         self.jobs_submitted = Counter("diarist_jobs_submitted", "Jobs accepted by this API process.", ["class"],
                                       registry=r)
         self.jobs_finished = Counter("diarist_jobs_finished", "Jobs that reached a final state, by status and "
-                                     "error code (none for completed and canceled).", ["class", "status", "code"],
+                                     "the job's error code (canceled for canceled, none for completed).", ["class", "status", "code"],
                                      registry=r)
         self.audio_processed = Counter("diarist_audio_processed_seconds", "Audio seconds in completed jobs.",
                                        ["class"], registry=r)
@@ -92,7 +93,8 @@ class ServiceMetrics:
     def record_final(self, job: Any) -> None:
         """Count ``job`` (a :class:`diarist.models.Job` just moved to a final state, its ``metrics`` loaded)."""
         klass = class_of(job.queue)
-        code = job.error_code if job.status == "failed" and job.error_code else "none"
+        # the row's own code (diarist.jobs writes it: a failure's, ``canceled``), so a cancel is never "none"
+        code = job.error_code if job.status != "completed" and job.error_code else "none"
         self.jobs_finished.labels(klass, job.status, code).inc()
         started, created = _utc(job.started_at), _utc(job.created_at)
         if started is not None and created is not None:

@@ -100,7 +100,7 @@ def test_final_transitions_feed_the_event_counters():
     final("completed", wait=4.0, dur=20.0, rtf=0.4)
     final("failed", wait=45.0, code="decode_failed")
     final("completed", queue="transcribe.long", wait=200.0, dur=600.0, rtf=1.5)
-    final("canceled")  # canceled while queued: never started, so no queue wait
+    final("canceled", code="canceled")  # as diarist.jobs.cancel writes it; never started, so no queue wait
     for code in (200, 500, 404, None):
         m.record_webhook(code)
     fams = families(generate_latest(m.registry).decode())
@@ -108,7 +108,7 @@ def test_final_transitions_feed_the_event_counters():
     fin = "diarist_jobs_finished"
     assert sample(fams, fin, fin + "_total", status="completed", code="none", **short) == 2
     assert sample(fams, fin, fin + "_total", status="failed", code="decode_failed", **short) == 1
-    assert sample(fams, fin, fin + "_total", status="canceled", code="none", **short) == 1
+    assert sample(fams, fin, fin + "_total", status="canceled", code="canceled", **short) == 1
     qw = "diarist_job_queue_wait_seconds"
     assert sample(fams, qw, qw + "_bucket", le="0.1", **short) == 0
     assert sample(fams, qw, qw + "_bucket", le="0.5", **short) == 1

@@ -164,5 +164,8 @@ def test_a_client_that_disconnects_cancels_its_job(tmp_path, stream):
         svc.close()
     assert job.id == svc.dispatcher.sent[0]
     assert (job.status, job.error_code) == ("canceled", "canceled")
+    finished = {"class": "short", "status": "canceled"}
+    assert svc.metrics.registry.get_sample_value("diarist_jobs_finished_total", {**finished, "code": "canceled"}) == 1
+    assert svc.metrics.registry.get_sample_value("diarist_jobs_finished_total", {**finished, "code": "none"}) is None
     if not stream:  # the answer nobody reads: 499, which the request metrics count
         assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
