@@ -14,6 +14,7 @@ from starlette.datastructures import UploadFile
 
 from api.deps import JobId, PrincipalDep, ServicesDep, load_job
 from api.errors import ApiError, describe_errors
+from api.forms import read_form
 from api.schemas import ErrorResponse, JobFromUrl, JobList, JobOptions, JobOut, Status, TranscriptFormat
 from api.submit import AudioSource, submit_job
 from diarist import jobs
@@ -52,7 +53,7 @@ async def create_job(request: Request, services: ServicesDep, principal: Princip
     if length and length.isdigit() and int(length) > services.settings.max_upload_bytes + (1 << 20):
         raise ApiError(413, "too_large", f"the upload is larger than {services.settings.max_upload_bytes} bytes")
     if ctype == "multipart/form-data":
-        form = await request.form(max_files=1, max_fields=32)
+        form = await read_form(request, max_fields=32)
         try:
             return await _submit_form(form, services, principal, idempotency_key)
         finally:

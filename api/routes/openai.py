@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from api.deps import PrincipalDep, ServicesDep
 from api.errors import ApiError, describe_errors
+from api.forms import check_one_file
 from api.routes.events import job_events
 from api.routes.health import engine_unavailable
 from api.routes.jobs import ERRORS
@@ -135,11 +136,13 @@ async def create_transcription(
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
 
-    Refused at once, before any job exists: 503 ``engine_unavailable`` with ``Retry-After`` when no engine
-    can take it (:func:`api.routes.health.engine_unavailable`), and what :func:`api.submit.submit_job`
-    refuses. Then 504 ``timeout`` after ``sync_timeout_s`` (the job goes on; the message names it), the
-    failed job's code, and a client that disconnects cancels its job (:mod:`api.sync_wait`).
+    Refused at once, before any job exists: 422 ``multiple_files`` for a second file (:mod:`api.forms`),
+    503 ``engine_unavailable`` with ``Retry-After`` when no engine can take it
+    (:func:`api.routes.health.engine_unavailable`), and what :func:`api.submit.submit_job` refuses. Then
+    504 ``timeout`` after ``sync_timeout_s`` (the job goes on; the message names it), the failed job's
+    code, and a client that disconnects cancels its job (:mod:`api.sync_wait`).
     """
+    check_one_file(await request.form())  # the form FastAPI parsed for the parameters above
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
                           min_speakers=min_speakers, max_speakers=max_speakers, task=task)
