@@ -265,9 +265,13 @@ def _clamp(t: float | None, lo: float, hi: float) -> float:
     return lo if t is None else min(hi, max(lo, t))
 
 
-def _ms(seconds: float) -> float:
-    """``seconds`` rounded to the millisecond (monotonic: ``a <= b`` gives ``_ms(a) <= _ms(b)``)."""
-    return round(seconds, 3)
+def round_seconds(seconds: float | None) -> float | None:
+    """``seconds`` rounded to the millisecond, the precision of every time Diarist serves (transcripts, live
+    events); monotonic: ``a <= b`` gives ``round_seconds(a) <= round_seconds(b)``. None stays None."""
+    return None if seconds is None else round(seconds, 3)
+
+
+_ms = round_seconds  # the short name this module's normalisation uses
 
 
 def _clamp_segments(raw: list[ResultSegment], duration: float) -> list[dict]:

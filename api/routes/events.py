@@ -19,6 +19,7 @@ from api.routes.jobs import ERRORS
 from diarist.events import Subscription
 from diarist.models import FINAL_STATES, Job
 from diarist.services import Services
+from diarist.transcript import round_seconds
 
 router = APIRouter(tags=["jobs"])
 
@@ -46,8 +47,22 @@ def status_event(job: Job) -> dict:
             "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
 
 
+SECONDS_FIELDS = {"segment": ("start", "end")}
+"""Fields of a bus event, by type, that are times in seconds: served rounded to the millisecond."""
+
+
+def _served(ev: dict) -> dict:
+    """``ev`` as clients get it: its times rounded (:func:`diarist.transcript.round_seconds`), once, here,
+    for every stream that reads :func:`job_events` (this route and the OpenAI-compatible one)."""
+    fields = SECONDS_FIELDS.get(ev.get("type"), ())
+    if not fields:
+        return ev
+    return {**ev, **{k: round_seconds(v) for k in fields if isinstance(v := ev.get(k), (int, float))}}
+
+
 def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = False) -> Iterator[dict]:
-    """Bus events for one job until its final status (a blocking iterator; run it in a thread).
+    """Bus events for one job until its final status (a blocking iterator; run it in a thread); times in
+    seconds come rounded to the millisecond (:data:`SECONDS_FIELDS`).
 
     ``ticks``: also yield ``{"type": "tick"}`` after each quiet second (lets a caller enforce a deadline).
     """
@@ -72,7 +87,7 @@ def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = Fa
             if ev.get("status") == status and status != "processing":
                 continue
             status = ev.get("status", status)
-        yield ev
+        yield _served(ev)
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=ERRORS,
