@@ -33,6 +33,7 @@ import json
 import re
 from collections.abc import Callable
 
+from diarist.decode_windows import DecodeWindow, window_of
 from diarist.transcript import Segment, Transcript
 
 UNKNOWN_SPEAKER = "unknown"
@@ -136,16 +137,26 @@ def _seek(s: Segment) -> int:
     return int(s.start * 100)
 
 
+def _scores(w: DecodeWindow | None) -> dict:
+    """verbose_json's four per-segment scores from the segment's decode window (see :func:`to_verbose_json`)."""
+    if w is None:
+        return {"temperature": 0.0, "avg_logprob": None, "compression_ratio": None, "no_speech_prob": None}
+    return {"temperature": w.temperature if w.temperature is not None else 0.0, "avg_logprob": w.avg_logprob,
+            "compression_ratio": w.compression_ratio, "no_speech_prob": w.no_speech_prob}
+
+
 def to_verbose_json(t: Transcript) -> str:
     """OpenAI ``verbose_json``: ``{task, language, duration, text, segments, words?, usage}``.
 
     Segments carry OpenAI's fields ``id, seek, start, end, text, tokens, temperature,
     avg_logprob, compression_ratio, no_speech_prob`` plus our ``speaker`` (OpenAI has no
-    speaker field here). We decode greedily, so ``temperature`` is 0.0; we do not keep
-    token ids or per-segment quality scores, so ``tokens`` is ``[]`` and the three
-    scores are ``null`` (as vLLM does). ``language`` is our ISO code (OpenAI writes the
-    English name), ``""`` when unknown. ``words`` is present when every segment has
-    word timestamps. :func:`completeness_fields` are added at the top level.
+    speaker field here). The four scores are those of the decode window that wrote the segment
+    (:mod:`diarist.decode_windows`), as OpenAI Whisper gives each segment its window's; a transcript
+    without windows (MOSS-TD, which decodes greedily in one sequence, or one stored before windows were
+    kept) has ``temperature`` 0.0 and the three others ``null`` (as vLLM does). We do not keep token
+    ids, so ``tokens`` is ``[]``. ``language`` is our ISO code (OpenAI writes the English name), ``""``
+    when unknown. ``words`` is present when every segment has word timestamps.
+    :func:`completeness_fields` are added at the top level.
     """
     body: dict = {
         "task": t.task,
@@ -154,8 +165,7 @@ def to_verbose_json(t: Transcript) -> str:
         "text": t.text,
         "segments": [
             {"id": s.id, "seek": _seek(s), "start": s.start, "end": s.end, "text": s.text, "tokens": [],
-             "temperature": 0.0, "avg_logprob": None, "compression_ratio": None, "no_speech_prob": None,
-             "speaker": s.speaker}
+             **_scores(window_of(t.windows, s.start, s.end, s.channel)), "speaker": s.speaker}
             for s in t.segments
         ],
     }

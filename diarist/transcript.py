@@ -31,6 +31,7 @@ from diarist.completeness import assess
 from diarist.contract.options import TASKS
 from diarist.contract.result import FINISH_REASONS, TranscriptionResult
 from diarist.contract.result import Segment as ResultSegment
+from diarist.decode_windows import DecodeWindow, read_windows
 
 FinishReason = Literal[FINISH_REASONS]  # type: ignore[valid-type] - the contract's one list
 
@@ -118,6 +119,8 @@ class Transcript(BaseModel):
     ``random_weights``: the engine ran random (``load_format=dummy``) weights, so the text is noise.
     ``marker_interval_s``: the MOSS-TD time-marker interval (seconds) its prompt used; ``None`` for Whisper.
     ``warnings``: :class:`ResultWarning` items (e.g. NaN samples replaced, :mod:`diarist.pcm`).
+    ``windows``: the Whisper decode windows with their scores (:mod:`diarist.decode_windows`; verbose_json's
+    per-segment ``avg_logprob``, ``no_speech_prob``...); ``None`` for MOSS-TD.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -140,6 +143,7 @@ class Transcript(BaseModel):
     random_weights: bool = False
     marker_interval_s: float | None = None
     warnings: list[ResultWarning] = Field(default_factory=list)
+    windows: list[DecodeWindow] | None = None
 
     @property
     def text(self) -> str:
@@ -229,6 +233,7 @@ class Transcript(BaseModel):
             incomplete_reason=verdict.reason, speaker_names=names or None, turns=turns,
             random_weights=bool(result.random_weights), marker_interval_s=_finite(result.marker_interval_s),
             warnings=[ResultWarning.model_validate(w) for w in result.warnings or [] if isinstance(w, dict)],
+            windows=read_windows(result.windows, duration),
         )
 
     @classmethod

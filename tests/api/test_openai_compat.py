@@ -105,3 +105,19 @@ def test_nan_samples_are_reported_or_refused(oai, tmp_path):
     with pytest.raises(openai.UnprocessableEntityError) as e, many.open("rb") as f:
         oai.audio.transcriptions.create(model="whisper-1", file=f)
     assert e.value.body["code"] == "invalid_samples"
+
+
+def test_verbose_json_segments_carry_their_windows_scores(oai, jfk):
+    """Each segment's avg_logprob / compression_ratio / temperature / no_speech_prob are its Whisper
+    window's (diarist/decode_windows.py), not nulls."""
+    from transcription.decode_quality import TEMPERATURES
+
+    with jfk.open("rb") as f:
+        raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f,
+                                                                response_format="verbose_json")
+    segments = json.loads(raw.http_response.text)["segments"]
+    assert segments
+    for s in segments:
+        assert isinstance(s["avg_logprob"], float) and s["avg_logprob"] < 0
+        assert s["compression_ratio"] > 0 and s["temperature"] in TEMPERATURES
+        assert s["no_speech_prob"] is None or 0.0 <= s["no_speech_prob"] <= 1.0
