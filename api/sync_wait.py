@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import anyio
 from fastapi import Request
-from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
+from fastapi.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from diarist import jobs
@@ -31,6 +31,7 @@ from diarist.services import Services
 log = logging.getLogger("diarist.api")
 T = TypeVar("T")
 
+_END = object()
 CLIENT_CLOSED = 499
 """Status of a request whose client went away before the answer (nginx's convention; never received)."""
 
@@ -89,7 +90,9 @@ async def stream_unless_gone(services: Services, job_id: str, chunks: Iterator[s
     """
     finished = False
     try:
-        async for chunk in iterate_in_threadpool(chunks):
+        # abandon_on_cancel: a cancelled stream stops at once, not when the thread's wait for the job's next
+        # event ends; that thread ends by itself once the job is final (canceled below)
+        while (chunk := await anyio.to_thread.run_sync(next, chunks, _END, abandon_on_cancel=True)) is not _END:
             yield chunk
         finished = True
     finally:

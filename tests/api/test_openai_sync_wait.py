@@ -120,9 +120,11 @@ def test_the_deadline_answers_504_naming_the_job_which_goes_on(tmp_path):
         svc.close()
 
 
-def _asgi_post_then_leave(app, svc, **data) -> list[dict]:
-    """POST the recording to the route over raw ASGI, then disconnect once the job is queued (as a client
-    that closes its socket); returns the messages the app sent."""
+def _asgi_post_then_leave(app, svc, stream: bool) -> list[dict]:
+    """POST the recording to the route over raw ASGI, then disconnect (as a client that closes its socket)
+    once the job is queued, or with ``stream`` once a first event was streamed and the stream waits for the
+    next one; returns the messages the app sent."""
+    data = {"stream": "true"} if stream else {}
     req = httpx.Request("POST", "http://test/v1/audio/transcriptions", data={"model": "whisper-1", **data},
                         files={"file": ("call.wav", WAV.read_bytes())})
     body = req.read()
@@ -140,6 +142,11 @@ def _asgi_post_then_leave(app, svc, **data) -> list[dict]:
             return {"type": "http.request", "body": body, "more_body": False}
         while not svc.dispatcher.sent:
             await asyncio.sleep(0.01)
+        if stream:
+            svc.bus.publish(svc.dispatcher.sent[0], {"type": "delta", "text": "Hello"})
+            while not any(b"transcript.text.delta" in m.get("body", b"") for m in sent):
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # the stream's thread is back waiting for the job's next event
         return {"type": "http.disconnect"}
 
     async def send(message: dict) -> None:
@@ -158,7 +165,7 @@ def test_a_client_that_disconnects_cancels_its_job(tmp_path, stream):
 
     svc = services(tmp_path, sync_timeout_s=3)  # bounds the wait should the client's leaving go unseen
     try:
-        sent = _asgi_post_then_leave(create_app(svc), svc, **({"stream": "true"} if stream else {}))
+        sent = _asgi_post_then_leave(create_app(svc), svc, stream)
         (job,) = rows(svc)
     finally:
         svc.close()
@@ -169,6 +176,8 @@ def test_a_client_that_disconnects_cancels_its_job(tmp_path, stream):
     assert svc.metrics.registry.get_sample_value("diarist_jobs_finished_total", {**finished, "code": "none"}) is None
     if not stream:  # the answer nobody reads: 499, which the request metrics count
         assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499
+    # canceled when the client left, not once the deadline had ended the wait
+    assert not any(b"timeout" in m.get("body", b"") for m in sent)
 
 
 def test_two_files_in_one_request_are_refused_with_multiple_files(svc):
