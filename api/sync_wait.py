@@ -67,6 +67,8 @@ async def wait_unless_gone(request: Request, services: Services, job_id: str, wa
     within a poll of the row) and :class:`ApiError` ``CLIENT_CLOSED`` is raised.
     """
     work = asyncio.ensure_future(run_in_threadpool(wait))
+    # should this request itself be cancelled (server shutdown), the thread's outcome is read by nobody
+    work.add_done_callback(lambda f: f.cancelled() or f.exception())
     gone = asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -96,7 +98,9 @@ async def stream_unless_gone(services: Services, job_id: str, chunks: Iterator[s
             yield chunk
         finished = True
     finally:
-        on_close()
-        if not finished:
-            with anyio.CancelScope(shield=True):  # the stream's task is being cancelled: finish this first
-                await run_in_threadpool(abandon, services, job_id)
+        try:
+            if not finished:
+                with anyio.CancelScope(shield=True):  # the stream's task is being cancelled: finish this first
+                    await run_in_threadpool(abandon, services, job_id)
+        finally:
+            on_close()  # after the cancel's event went out: the abandoned thread may still be reading it
