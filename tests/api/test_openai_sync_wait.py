@@ -5,45 +5,11 @@ job stays queued for as long as a test needs."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from diarist.models import Job
-
-WAV = Path(__file__).resolve().parents[2] / "diarist" / "assets" / "demo_2spk_phonecall.wav"
-
-
-class Dispatcher:
-    """Records the jobs sent to the queue; no worker takes them."""
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def queue_for(self, duration_s):
-        return "transcribe.short"
-
-    def transcribe(self, job_id, queue):
-        self.sent.append(job_id)
-
-    def webhook(self, *a, **k):
-        pass
-
-    def ping(self):
-        pass
-
-
-def services(tmp_path, **overrides):
-    from diarist.services import Services
-    from diarist.settings import Settings
-
-    st = Settings.model_validate({**Settings().model_dump(), "embedded": True, "data_dir": tmp_path, "auth": False,
-                                  "retry_after_s": 7, **overrides})
-    s = Services.from_settings(st, migrate=True)
-    s.dispatcher = Dispatcher()
-    return s
+from tests.api.queue_only import WAV, rows, services
 
 
 @pytest.fixture
@@ -51,11 +17,6 @@ def svc(tmp_path):
     s = services(tmp_path, sync_timeout_s=3)  # a wait that should not happen fails the test, never hangs it
     yield s
     s.close()
-
-
-def rows(svc) -> list[Job]:
-    with svc.db.session() as s:
-        return list(s.query(Job))
 
 
 def transcribe(client, **data):
@@ -195,42 +156,3 @@ def test_a_client_that_disconnects_cancels_its_job(tmp_path, served, stream):
     finished = {"class": "short", "status": "canceled"}
     assert value("diarist_jobs_finished_total", {**finished, "code": "canceled"}) == 1
     assert value("diarist_jobs_finished_total", {**finished, "code": "none"}) is None
-
-
-def test_two_files_in_one_request_are_refused_with_multiple_files(svc):
-    """Both upload routes: 422 ``multiple_files`` (not Starlette's 400 ``bad_request``, nor one of the
-    files transcribed silently), and no job."""
-    from api.app import create_app
-
-    audio = WAV.read_bytes()
-    two = [("file", ("a.wav", audio)), ("file", ("b.wav", audio))]
-    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
-        jobs = c.post("/v1/jobs", files=two)
-        extra = c.post("/v1/jobs", files=[("file", ("a.wav", audio)), ("notes", ("n.txt", b"x"))])
-        oai = c.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files=two)
-    for r in (jobs, extra, oai):
-        assert r.status_code == 422 and r.json()["error"]["code"] == "multiple_files", r.text
-        assert "one recording per request" in r.json()["error"]["message"]
-    assert "'a.wav', 'b.wav'" in oai.json()["error"]["message"]
-    assert rows(svc) == [] and svc.dispatcher.sent == []
-
-
-def test_event_stream_times_are_rounded_to_the_millisecond(svc):
-    """A segment event's float noise (12.340000000001) is served as 12.34 by GET /v1/jobs/{id}/events (and
-    by the OpenAI stream, which reads the same events)."""
-    import json
-
-    from api.app import create_app
-    from diarist import jobs
-
-    with TestClient(create_app(svc), raise_server_exceptions=False) as c:
-        job_id = c.post("/v1/jobs", files={"file": ("call.wav", WAV.read_bytes())}).json()["id"]
-        with c.stream("GET", f"/v1/jobs/{job_id}/events") as r:
-            lines = r.iter_lines()
-            next(line for line in lines if line.startswith("data: "))  # the current status: subscribed
-            svc.bus.publish(job_id, {"type": "segment", "start": 12.340000000001, "end": 13.9996, "text": "hi",
-                                     "speaker": None})
-            jobs.cancel(svc, job_id)  # the final status ends the stream
-            data = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
-    assert data[0] == {"start": 12.34, "end": 14.0, "text": "hi", "speaker": None}
-    assert data[-1]["status"] == "canceled"
