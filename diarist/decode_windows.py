@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from diarist.times import round_seconds
+
 
 class DecodeWindow(BaseModel):
     """One decoded window: ``start``/``end`` seconds (its kept span), ``channel`` (multichannel jobs, else
@@ -49,10 +51,10 @@ def read_windows(raw: list[Any] | None, duration: float) -> list[DecodeWindow] |
     for w in raw:
         if not isinstance(w, dict) or (start := _num(w.get("start"))) is None or (end := _num(w.get("end"))) is None:
             continue
-        start = round(min(max(start, 0.0), duration), 3)
+        start = round_seconds(min(max(start, 0.0), duration))
         nsp = _num(w.get("no_speech_prob"))
         channel = w.get("channel")
-        out.append(DecodeWindow(start=start, end=round(min(max(end, start), duration), 3),
+        out.append(DecodeWindow(start=start, end=round_seconds(min(max(end, start), duration)),
                                 channel=channel if isinstance(channel, int) and not isinstance(channel, bool)
                                 else None, temperature=_num(w.get("temperature")),
                                 avg_logprob=_num(w.get("avg_logprob")),

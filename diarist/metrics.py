@@ -66,8 +66,8 @@ class ServiceMetrics:
         self.jobs_submitted = Counter("diarist_jobs_submitted", "Jobs accepted by this API process.", ["class"],
                                       registry=r)
         self.jobs_finished = Counter("diarist_jobs_finished", "Jobs that reached a final state, by status and "
-                                     "the job's error code (canceled for canceled, none for completed).", ["class", "status", "code"],
-                                     registry=r)
+                                     "the job's error code (canceled for canceled, none for completed).",
+                                     ["class", "status", "code"], registry=r)
         self.audio_processed = Counter("diarist_audio_processed_seconds", "Audio seconds in completed jobs.",
                                        ["class"], registry=r)
         self.queue_wait = Histogram("diarist_job_queue_wait_seconds", "Seconds from submit to the first worker "

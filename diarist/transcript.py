@@ -32,6 +32,7 @@ from diarist.contract.options import TASKS
 from diarist.contract.result import FINISH_REASONS, TranscriptionResult
 from diarist.contract.result import Segment as ResultSegment
 from diarist.decode_windows import DecodeWindow, read_windows
+from diarist.times import round_seconds
 
 FinishReason = Literal[FINISH_REASONS]  # type: ignore[valid-type] - the contract's one list
 
@@ -270,13 +271,7 @@ def _clamp(t: float | None, lo: float, hi: float) -> float:
     return lo if t is None else min(hi, max(lo, t))
 
 
-def round_seconds(seconds: float | None) -> float | None:
-    """``seconds`` rounded to the millisecond, the precision of every time Diarist serves (transcripts, live
-    events); monotonic: ``a <= b`` gives ``round_seconds(a) <= round_seconds(b)``. None stays None."""
-    return None if seconds is None else round(seconds, 3)
-
-
-_ms = round_seconds  # the short name this module's normalisation uses
+_ms = round_seconds  # the short name this module's normalisation uses (diarist.times)
 
 
 def _clamp_segments(raw: list[ResultSegment], duration: float) -> list[dict]:

@@ -19,7 +19,7 @@ from api.routes.jobs import ERRORS
 from diarist.events import Subscription
 from diarist.models import FINAL_STATES, Job
 from diarist.services import Services
-from diarist.transcript import round_seconds
+from diarist.times import round_seconds
 
 router = APIRouter(tags=["jobs"])
 
@@ -52,7 +52,7 @@ SECONDS_FIELDS = {"segment": ("start", "end")}
 
 
 def _served(ev: dict) -> dict:
-    """``ev`` as clients get it: its times rounded (:func:`diarist.transcript.round_seconds`), once, here,
+    """``ev`` as clients get it: its times rounded (:func:`diarist.times.round_seconds`), once, here,
     for every stream that reads :func:`job_events` (this route and the OpenAI-compatible one)."""
     fields = SECONDS_FIELDS.get(ev.get("type"), ())
     if not fields:
