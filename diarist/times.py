@@ -3,6 +3,14 @@ windows, live events). Every export format can represent it and no alignment met
 
 from __future__ import annotations
 
+from typing import overload
+
+
+@overload
+def round_seconds(seconds: float) -> float: ...
+@overload
+def round_seconds(seconds: None) -> None: ...
+
 
 def round_seconds(seconds: float | None) -> float | None:
     """``seconds`` rounded to the millisecond; monotonic (``a <= b`` gives ``round_seconds(a) <=
