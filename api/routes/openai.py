@@ -34,7 +34,7 @@ from api.forms import check_one_file
 from api.routes.events import job_events
 from api.routes.health import engine_unavailable
 from api.routes.jobs import ERRORS
-from api.schemas import JobOptions
+from api.schemas import ErrorResponse, JobOptions
 from api.submit import AudioSource, submit_job
 from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
 from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
@@ -46,6 +46,7 @@ from diarist.transcript import Transcript
 router = APIRouter(tags=["openai"])
 
 OpenAIFormat = Literal[OPENAI_FORMATS]  # json, text, srt, vtt, verbose_json, diarized_json
+SYNC_ERRORS = {**ERRORS, 504: {"model": ErrorResponse}}  # 504 timeout: the wait passed sync_timeout_s
 # A failed job's code → HTTP status of the synchronous answer.
 STATUS_FOR = {"engine_error": 500, "internal_error": 500, "audio_missing": 500, "canceled": 409}
 
@@ -118,7 +119,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
 
 
 @router.post("/v1/audio/transcriptions", responses={200: {"content": {"application/json": {}, "text/plain": {},
-                                                                      "text/event-stream": {}}}, **ERRORS},
+                                                                      "text/event-stream": {}}}, **SYNC_ERRORS},
              summary="OpenAI-compatible transcription (synchronous, or SSE with stream=true)")
 async def create_transcription(
     request: Request, services: ServicesDep, principal: PrincipalDep,
@@ -175,7 +176,7 @@ async def create_transcription(
 
 
 @router.post("/v1/audio/translations", responses={200: {"content": {"application/json": {}, "text/plain": {}}},
-                                                    **ERRORS},
+                                                    **SYNC_ERRORS},
              summary="OpenAI-compatible translation into English (multilingual Whisper only)")
 async def create_translation(
     request: Request, services: ServicesDep, principal: PrincipalDep,
