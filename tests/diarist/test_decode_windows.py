@@ -37,6 +37,16 @@ def test_each_segment_gets_the_scores_of_the_window_it_lies_in_most():
     assert Transcript.model_validate_json(t.model_dump_json()) == t  # stored and read back, as the API does
 
 
+def test_a_segment_with_every_score_is_a_valid_openai_segment():
+    """The openai client's own model of a verbose_json segment requires the four scores as numbers."""
+    from openai.types.audio import TranscriptionSegment
+
+    first = json.loads(to_verbose_json(Transcript.from_engine_json(result(WINDOWS))))["segments"][0]
+    seg = TranscriptionSegment.model_validate(first)
+    assert (seg.avg_logprob, seg.no_speech_prob, seg.compression_ratio, seg.temperature) == (-0.2312, 0.0132,
+                                                                                           1.41, 0.0)
+
+
 def test_without_windows_the_scores_stay_null():
     t = Transcript.from_engine_json(result(None))
     assert t.windows is None
