@@ -12,6 +12,10 @@ from __future__ import annotations
 import errno
 import socket
 
+MAX_PORT = 65535
+"""Largest TCP port number (RFC 793's 16-bit field). Checked here because getaddrinfo takes a larger one
+(glibc wraps it modulo 65536) while uvicorn's bind raises OverflowError, a traceback after the model loads."""
+
 
 class CannotListen(Exception):
     """The address cannot be listened on. ``code``: ``address_in_use`` (another process holds the port) or
@@ -27,8 +31,11 @@ def check_listen(host: str, port: int) -> None:
     """Bind and listen on ``(host, port)`` as uvicorn will, then release it at once.
 
     ``port`` 0 (any free port) always passes. Raises:
-        CannotListen: the bind or listen fails (see the class for the codes).
+        CannotListen: ``port`` is outside ``0..MAX_PORT``, or the bind or listen fails (see the class for
+            the codes).
     """
+    if not 0 <= port <= MAX_PORT:
+        raise CannotListen("cannot_listen", f"cannot listen on {host}:{port}: a port is 0-{MAX_PORT}")
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, socket.SOCK_STREAM) as probe:

@@ -75,3 +75,26 @@ def test_the_listen_check_names_what_is_wrong():
     check_listen("127.0.0.1", free)
     with socket.create_server(("127.0.0.1", free)):  # the probe did not keep it
         pass
+
+
+@pytest.mark.parametrize("port", [65536, 70000, -1])
+@pytest.mark.parametrize("command", ["engine --model moss-td", "serve", "serve --embedded"])
+def test_a_port_out_of_range_is_one_line_before_anything_starts(tmp_path, capsys, monkeypatch, command, port):
+    """A port outside 0-65535 is ``cannot_listen`` and exit 2 before anything starts. getaddrinfo takes
+    70000 (glibc wraps it to 4464, so a bare probe passed), and uvicorn's bind then raised OverflowError: a
+    traceback after the model had loaded (moss-td without a checkpoint would fail while loading, so reaching
+    the model is an error here too)."""
+    import uvicorn
+
+    from cli.commands import stack
+
+    def started(*_a, **_k):
+        raise AssertionError(f"diarist {command} started something on port {port}")
+
+    monkeypatch.setattr(uvicorn, "run", started)
+    monkeypatch.setattr(stack.EmbeddedStack, "start", started)
+    monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path / "data"))
+    status, out, err = run_cli(capsys, *command.split(), "--host", "127.0.0.1", "--port", str(port))
+    assert status == 2 and out == "", err
+    assert err == f"diarist: error: cannot_listen: cannot listen on 127.0.0.1:{port}: a port is 0-65535\n"
+    assert not (tmp_path / "data").exists()
