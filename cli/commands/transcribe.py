@@ -80,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
     except AudioError as e:
         return fail(e.code, e.message)
     dummy = dummy_config(args.dummy_config, args.model, args.load_format)  # BadOption: the CLI's one line, exit 2
+    st = Settings()  # before the try: InvalidSettings is a ValueError, but its code is invalid_setting
     try:
-        engine = Engine(Settings().engine_config(model=args.model, model_path=args.model_path, device=args.device,
-                                                 load_format=args.load_format, dummy_config=dummy,
-                                                 dtype=args.dtype, kv_dtype=args.kv_dtype))
+        engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=args.device,
+                                         load_format=args.load_format, dummy_config=dummy,
+                                         dtype=args.dtype, kv_dtype=args.kv_dtype))
     except DeviceUnavailable:
         raise  # the CLI's one line and exit 2
     except (ValueError, OSError) as e:

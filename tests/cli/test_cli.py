@@ -147,6 +147,22 @@ def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, m
     assert err.startswith("diarist: error: invalid_request: ") and err.count("\n") == 1
 
 
+def test_transcribe_a_bad_setting_is_invalid_setting_not_bad_model(capsys, monkeypatch):
+    """A ``DIARIST_*`` value that does not validate is ``invalid_setting`` naming the variable, as in every
+    other command (it used to be caught with the engine's errors and printed as ``bad_model``)."""
+    import engine
+
+    def no_engine(*a, **k):
+        raise AssertionError("the model must not load with invalid settings")
+
+    monkeypatch.setattr(engine, "Engine", no_engine)
+    monkeypatch.setenv("DIARIST_KV_DTYPE", "bogus")
+    status, out, err = run_cli(capsys, "transcribe", str(data_file("en_jfk_inaugural/jfk.mp3")))
+    assert status == 2 and out == ""
+    assert err == ("diarist: error: invalid_setting: DIARIST_KV_DTYPE: Input should be 'auto' or 'fp8_e4m3' "
+                   "(got 'bogus')\n")
+
+
 @pytest.mark.slow
 def test_demo_with_a_bad_file_is_one_line_not_a_traceback(tmp_path):
     f = tmp_path / "notes.wav"
