@@ -27,7 +27,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--load-format", default="auto", choices=["auto", "ct2", "hf", "dummy"],
                    help="checkpoint format; dummy = random weights (exercises the path, output is noise)")
     add_dummy_config(p)
-    p.add_argument("--max-new-tokens", type=int, default=None, help="output budget per sequence (tokens)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None,
+                   help="output budget per sequence (tokens, at least 1)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
                    "checkpoint's half precision on CUDA)")
@@ -46,6 +47,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--multichannel", action="store_true", help="one speaker per channel")
     p.set_defaults(func=run)
     return p
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (0 would read as "unset" downstream, a negative as an empty budget)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
 
 
 def fail(code: str, message: str) -> int:

@@ -147,6 +147,23 @@ def test_transcribe_bad_speaker_hints_are_one_line_and_status_2(capsys, hints, m
     assert err.startswith("diarist: error: invalid_request: ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "ten"])
+def test_transcribe_a_budget_below_one_token_is_refused_before_the_model_loads(capsys, monkeypatch, value):
+    """``--max-new-tokens`` takes an integer >= 1: 0 used to run with the default budget (it read as unset)
+    and -5 to print an empty transcript with status 0."""
+    import engine
+
+    def no_engine(*a, **k):
+        raise AssertionError("the model must not load for an invalid budget")
+
+    monkeypatch.setattr(engine, "Engine", no_engine)
+    with pytest.raises(SystemExit) as e:
+        main(["transcribe", str(data_file("en_jfk_inaugural/jfk.mp3")), "--max-new-tokens", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("diarist transcribe: error: argument --max-new-tokens: ")
+
+
 def test_transcribe_a_bad_setting_is_invalid_setting_not_bad_model(capsys, monkeypatch):
     """A ``DIARIST_*`` value that does not validate is ``invalid_setting`` naming the variable, as in every
     other command (it used to be caught with the engine's errors and printed as ``bad_model``)."""
