@@ -38,11 +38,12 @@ def run(args: argparse.Namespace) -> int:
     get_admin_settings()  # here, before any process starts: uvicorn's --workers children build the app
     configure_logging(st.log_format, st.log_level)
     host, port = args.host or st.host, args.port or st.port
-    if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):
-        print("diarist serve: --workers takes a count >= 1 and runs the API only (not with --embedded, whose "
-              "one process holds the engine)", flush=True)
-        return 2
     from cli.listen import check_listen
+    from cli.options import BadOption
+
+    if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):
+        raise BadOption("bad_option", "--workers takes a count >= 1 and runs the API only (not with --embedded, "
+                                      "whose one process holds the engine)")  # the CLI's one line, exit 2
 
     if args.embedded or st.embedded:
         from cli.commands.stack import EmbeddedStack, embedded_settings

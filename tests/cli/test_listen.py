@@ -98,3 +98,21 @@ def test_a_port_out_of_range_is_one_line_before_anything_starts(tmp_path, capsys
     assert status == 2 and out == "", err
     assert err == f"diarist: error: cannot_listen: cannot listen on 127.0.0.1:{port}: a port is 0-65535\n"
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("argv", [["--workers", "0"], ["--embedded", "--workers", "2"]], ids=["zero", "embedded"])
+def test_serve_workers_it_cannot_run_is_the_one_error_line(tmp_path, capsys, monkeypatch, argv):
+    """``serve --workers`` that cannot run is ``diarist: error: bad_option: ...`` on stderr and exit 2, like
+    every other refused option (it was a line on stdout without the code), before anything starts."""
+    import uvicorn
+
+    def started(*_a, **_k):
+        raise AssertionError("diarist serve started with a --workers it cannot run")
+
+    monkeypatch.setattr(uvicorn, "run", started)
+    monkeypatch.setenv("DIARIST_DATA_DIR", str(tmp_path / "data"))
+    status, out, err = run_cli(capsys, "serve", *argv)
+    assert status == 2 and out == "", out
+    assert err == ("diarist: error: bad_option: --workers takes a count >= 1 and runs the API only (not with "
+                   "--embedded, whose one process holds the engine)\n")
+    assert not (tmp_path / "data").exists()
