@@ -168,15 +168,29 @@ def resolve_config(cfg: EngineConfig) -> EngineConfig:
     )
 
 
+class KVDtypeUnsupported(DeviceUnavailable):
+    """The device cannot store the requested KV dtype (``fp8_e4m3`` on a GPU below compute capability 8.9:
+    A100, V100, T4). ``code`` is ``"kv_dtype_unsupported"``. A :class:`DeviceUnavailable`, so every entry
+    point that prints a missing device as one line with exit status 2 prints this one the same way (a bare
+    ValueError was a traceback from ``diarist engine`` and ``bad_model`` from ``transcribe``)."""
+
+    code = "kv_dtype_unsupported"
+
+
 def check_kv_dtype(kv_dtype: str, dev: torch.device) -> None:
-    """Raise ValueError unless ``kv_dtype`` is one of :data:`engine.config.KV_DTYPES` and, for FP8 on CUDA,
-    the GPU converts e4m3 (compute capability 8.9 or newer; Triton has no e4m3 below it)."""
+    """Check that this engine can store ``kv_dtype`` on ``dev``.
+
+    Raises:
+        ValueError: ``kv_dtype`` is not one of :data:`engine.config.KV_DTYPES`.
+        KVDtypeUnsupported: FP8 on a GPU that does not convert e4m3 (compute capability below 8.9; Triton has
+            no e4m3 below it).
+    """
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"unknown kv_dtype {kv_dtype!r} (expected one of {', '.join(KV_DTYPES)})")
     if kv_dtype == "fp8_e4m3" and dev.type == "cuda":
         cap = torch.cuda.get_device_capability(dev)
         if cap < (8, 9):
-            raise ValueError(f"kv_dtype fp8_e4m3 needs compute capability 8.9 or newer; {dev} has "
+            raise KVDtypeUnsupported(f"kv_dtype fp8_e4m3 needs compute capability 8.9 or newer; {dev} has "
                              f"{cap[0]}.{cap[1]}")
 
 

@@ -92,3 +92,39 @@ def test_stats_report_the_resolved_configuration():
     assert st["config"] == describe(resolve_config(EngineConfig(model="whisper", load_format="dummy",
                                                                 dummy_config=TINY, max_running_requests=16)))
     assert st["config"]["dtype"] == "float32" and st["fallbacks"] == []
+
+
+@pytest.mark.parametrize("command", ["engine", "transcribe"])
+def test_fp8_kv_on_a_gpu_without_e4m3_is_one_line_and_status_2(capsys, monkeypatch, command):
+    """``--kv-dtype fp8_e4m3`` on a GPU below compute capability 8.9 (an A100 here, faked on the CPU) is
+    ``kv_dtype_unsupported`` on one line with exit status 2, from the configuration check before any weight
+    loads or any port opens: it was a bare ValueError, a traceback from ``diarist engine`` and ``bad_model``
+    from ``transcribe``."""
+    import uvicorn
+
+    import engine.resolve
+    from cli.main import main
+    from engine.resolve import KVDtypeUnsupported
+    from tests.conftest import data_file
+
+    def started(*_a, **_k):
+        raise AssertionError("the engine server started on a GPU that cannot store FP8 KV")
+
+    root = logging.getLogger()  # `diarist engine` configures logging on the capture stream: restore it after
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+
+    monkeypatch.setattr(engine.resolve, "check_device", lambda name: torch.device("cuda:0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))
+    monkeypatch.setattr(uvicorn, "run", started)
+    with pytest.raises(KVDtypeUnsupported) as e:
+        engine.resolve.check_kv_dtype("fp8_e4m3", torch.device("cuda:0"))
+    assert isinstance(e.value, DeviceUnavailable) and e.value.code == "kv_dtype_unsupported"
+    engine.resolve.check_kv_dtype("auto", torch.device("cuda:0"))  # the compute dtype runs anywhere
+    argv = {"engine": ["engine", "--port", "0"],
+            "transcribe": ["transcribe", str(data_file("en_short_yes/yes_1000ms.wav"))]}[command]
+    status = main([*argv, "--device", "cuda:0", "--kv-dtype", "fp8_e4m3"])
+    out, err = capsys.readouterr()
+    assert status == 2 and out == "", err
+    assert err == ("diarist: error: kv_dtype_unsupported: kv_dtype fp8_e4m3 needs compute capability 8.9 or "
+                   "newer; cuda:0 has 8.0\n")
