@@ -281,6 +281,10 @@ class Engine:
             "waiting_requests": len(self.scheduler.waiting) + self._inbox.qsize() + self.encoder.num_pending,
             "kv_tokens_total": total,
             "kv_tokens_used": used,
+            # what the pool stores and costs (config.kv_dtype says what was asked: "auto" = the compute dtype)
+            "kv_storage_dtype": str(self.kv.dtype).removeprefix("torch."),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_running_requests": self.max_reqs,
             "kv_used_fraction": used / total if total else 0.0,
             "tokens_per_s": tokens_per_s,
             "steps_per_s": steps_per_s,

@@ -58,7 +58,9 @@ def test_memory_plan_holds_194_times_the_tokens():
     assert bf16.kv_bytes_per_token == 114_688 and f8.kv_bytes_per_token == 59_136
     assert bf16.allocator.num_slots == budget // 114_688 and f8.allocator.num_slots == budget // 59_136
     assert f8.kv.k[0].dtype == torch.float8_e4m3fn and f8.kv.k_scale[0].dtype == torch.float32
-    assert f8.stats()["config"]["kv_dtype"] == "fp8_e4m3"
+    st = f8.stats()
+    assert st["config"]["kv_dtype"] == "fp8_e4m3" and st["kv_storage_dtype"] == "float8_e4m3fn"
+    assert st["kv_bytes_per_token"] == 59_136 and bf16.stats()["kv_storage_dtype"] == "bfloat16"
 
 
 def test_unknown_kv_dtype_is_refused():
