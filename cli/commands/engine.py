@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cli.listen import check_listen
+    from cli.serving import run_until_signal
     from diarist.logs import configure_logging
     from diarist.scratch import Scratch
     from diarist.settings import Settings
@@ -74,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
         print("warning: RANDOM weights (load_format=dummy): every transcript is noise", flush=True)
     for line in engine.fallbacks:
         print(f"warning: {line}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           log_config=None))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="off", log_config=None)
+        run_until_signal(server)  # SIGTERM returns here, so the engine loop stops and the scratch goes
     finally:
         engine.shutdown()
         scratch.close()

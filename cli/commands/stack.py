@@ -116,30 +116,13 @@ class EmbeddedStack:
 
     def serve_forever(self, host: str, port: int) -> None:
         """Serve HTTP in the foreground until Ctrl-C / SIGTERM, then return (the caller stops the stack)."""
-        import contextlib
-        import signal
-
         import uvicorn
+
+        from cli.serving import run_until_signal
 
         server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on",
                                                log_config=None))  # lines go through diarist.logs
-
-        @contextlib.contextmanager
-        def on_signals():
-            # uvicorn's own handler re-raises the signal after shutdown, killing the process before the
-            # worker threads and the engine stop; ask the server to exit and return normally instead.
-            def handler(_sig, _frame) -> None:
-                server.should_exit = True
-
-            previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, h in previous.items():
-                    signal.signal(s, h)
-
-        server.capture_signals = on_signals
-        server.run()
+        run_until_signal(server)  # returns on SIGINT/SIGTERM, so the caller's stop() runs
 
     def stop(self) -> None:
         """Stop HTTP, the worker threads and (if this stack started it) the engine loop."""

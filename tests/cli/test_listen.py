@@ -116,3 +116,28 @@ def test_serve_workers_it_cannot_run_is_the_one_error_line(tmp_path, capsys, mon
     assert err == ("diarist: error: bad_option: --workers takes a count >= 1 and runs the API only (not with "
                    "--embedded, whose one process holds the engine)\n")
     assert not (tmp_path / "data").exists()
+
+
+def test_engine_stops_cleanly_on_sigterm(tmp_path):
+    """SIGTERM ends ``diarist engine`` through its cleanup: exit 0 and its scratch directory (spooled
+    uploads) removed, not left for the next start to sweep (uvicorn's handler used to re-raise the signal)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.servers import free_port, wait_port
+
+    port = free_port()
+    env = {**os.environ, "DIARIST_SCRATCH_DIR": str(tmp_path / "scratch")}
+    p = subprocess.Popen([sys.executable, "-m", "cli", "engine", "--port", str(port), "--model", "moss-td",
+                          "--load-format", "dummy", "--dummy-config", "tiny"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_port(port, 120)
+        assert [d.name for d in (tmp_path / "scratch").iterdir()] == [f"engine-{p.pid}"]
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out[-2000:]
+    assert list((tmp_path / "scratch").iterdir()) == []
