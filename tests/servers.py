@@ -16,7 +16,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,19 @@ def start_s3() -> tuple[str, Callable[[], None]]:
     """``(url, stop)`` of a new :class:`S3`."""
     s3 = S3()
     return s3.url, s3.stop
+
+
+@contextmanager
+def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) in a daemon thread until the block exits; yields the
+    base URL (``http://127.0.0.1:PORT``)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 class Receiver:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from tests.servers import serve_http
 
 
 @contextlib.contextmanager
@@ -38,10 +39,5 @@ def stand_in_engine(lines: Callable[[], list[Any]]) -> Iterator[tuple[str, list[
         def log_message(self, *a) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(Handler) as url:
+        yield url, seen

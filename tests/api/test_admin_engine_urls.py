@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.admin.config import get_admin_settings
 from diarist.settings import InvalidSettings
+from tests.servers import serve_http
 
 DOWN = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # discard and an unassigned port: nothing answers
 
@@ -137,13 +137,8 @@ def stats_server(stats: dict):
         def log_message(self, *a) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_http(Handler) as url:
+        yield url
 
 
 def test_an_engine_is_one_series_labelled_by_its_url_up_and_down(tmp_path, admin_env, monkeypatch):

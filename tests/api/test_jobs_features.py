@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import data_file
+from tests.servers import serve_http
 from worker.webhooks import verify
 
 pytestmark = pytest.mark.slow
@@ -69,10 +70,8 @@ def test_audio_url_is_fetched_with_its_headers(client, wait_job):
         def log_message(self, *a) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/jfk.flac"
+    with serve_http(Handler) as base:
+        url = f"{base}/jfk.flac"
         r = client.post("/v1/jobs", json={"audio_url": url, "audio_headers": {"Authorization": "Bearer s3cret"},
                                           "num_speakers": 1})
         assert r.status_code == 202, r.text
@@ -83,9 +82,6 @@ def test_audio_url_is_fetched_with_its_headers(client, wait_job):
         text = client.get(f"/v1/jobs/{job['id']}/transcript", params={"format": "text"}).text.lower()
         assert "ask not what your country can do for you" in text
         missing = client.post("/v1/jobs", json={"audio_url": url.replace("/jfk.flac", "/missing")})
-    finally:
-        srv.shutdown()
-        srv.server_close()
     # The fake server answers 200 to any path; an unreachable port is the real failure case.
     dead = client.post("/v1/jobs", json={"audio_url": "http://127.0.0.1:9/a.wav"})
     assert dead.status_code == 422 and dead.json()["error"]["code"] == "url_fetch_failed"

@@ -26,7 +26,7 @@ from engine.attention.triton_ops import decode_attention, decode_splits_for_fill
 from engine.kv import KVDestination, KVPool, ReqToTokenTable, fp8
 from engine.ops import triton_rope
 from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
-from tests.engine.attention.test_triton_kernels import CUDA, DEV, TOL, make_cache, rel_err, seq_kv
+from tests.engine.attention.test_triton_kernels import CUDA, DEV, TOL, make_cache, mixed_step, rel_err, seq_kv
 
 
 @triton.jit
@@ -165,8 +165,6 @@ def test_fp8_extend_gpu(block_m):
 def test_backend_over_an_fp8_pool_matches_the_reference_backend():
     """One mixed step (decodes and prefill chunks) over the same FP8 pool: the Triton backend's output
     equals the reference backend's (which reads the dequantised cache), and both store identical codes."""
-    from engine.attention.base import ForwardBatch
-
     gen = torch.Generator(device=DEV).manual_seed(3)
     hq, hkv, d = (16, 8, 128) if CUDA else (4, 2, 16)
     dtype = torch.bfloat16 if CUDA else torch.float32
@@ -176,20 +174,8 @@ def test_backend_over_an_fp8_pool_matches_the_reference_backend():
         p.store(0, torch.arange(601, device=DEV), init, -init)
     table = ReqToTokenTable(4, 256, DEV)
     items = [(1, 40, 1), (2, 0, 17), (3, 90, 30)]  # (row, prefix, new)
-    perm = torch.randperm(600, generator=torch.Generator().manual_seed(3)) + 1
-    off = 0
-    for row, p, n in items:
-        table.write(row, 0, perm[off : off + p + n])
-        off += p + n
-    ext = torch.tensor([n for _, _, n in items])
-    prefix = torch.tensor([p for _, p, _ in items])
-    qo = torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)])
-    loc = torch.cat([table.table[r, p : p + n] for r, p, n in items]).long()
-    t = int(qo[-1])
-    batch = ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64, device=DEV), positions=torch.zeros(t, dtype=torch.int64),
-        out_cache_loc=loc, req_rows=torch.tensor([r for r, _, _ in items]), prefix_lens=prefix,
-        extend_lens=ext, seq_lens=prefix + ext, qo_indptr=qo, logits_indices=qo[1:] - 1)
+    batch = mixed_step(table, items, torch.randperm(600, generator=torch.Generator().manual_seed(3)) + 1)
+    t = batch.num_tokens
     ref = TorchReferenceBackend(pools[0], table, sm_scale=d**-0.5)
     tri = TritonBackend(pools[1], table, max_splits=8, min_split_tokens=16)
     q = torch.randn(t, hq, d, generator=gen, device=DEV).to(dtype)

@@ -248,6 +248,26 @@ def _clone(kv: KVPool) -> KVPool:
     return other
 
 
+def mixed_step(table: ReqToTokenTable, items: list[tuple[int, int, int]], perm: torch.Tensor):
+    """A step of ``items`` ``(row, prefix, new tokens)`` whose rows take consecutive runs of the slots
+    ``perm`` in ``table``: decodes (one new token) and prefill chunks packed as the scheduler packs them."""
+    from engine.attention.base import ForwardBatch
+
+    off = 0
+    for row, p, n in items:
+        table.write(row, 0, perm[off : off + p + n])
+        off += p + n
+    prefix = torch.tensor([p for _, p, _ in items])
+    ext = torch.tensor([n for _, _, n in items])
+    qo = torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)])
+    loc = torch.cat([table.table[r, p : p + n] for r, p, n in items]).long()
+    t = int(qo[-1])
+    return ForwardBatch(
+        input_ids=torch.zeros(t, dtype=torch.int64, device=DEV), positions=torch.zeros(t, dtype=torch.int64),
+        out_cache_loc=loc, req_rows=torch.tensor([r for r, _, _ in items]), prefix_lens=prefix, extend_lens=ext,
+        seq_lens=prefix + ext, qo_indptr=qo, logits_indices=qo[1:] - 1)
+
+
 @pytest.mark.parametrize("num_sms", [None, 1])
 def test_backend_matches_reference_mixed_step_and_graph_metadata(num_sms):
     """One step with decodes and prefill chunks (self + cross attention), then a decode step through the
@@ -261,19 +281,8 @@ def test_backend_matches_reference_mixed_step_and_graph_metadata(num_sms):
     kv, cross, table = _pools(2, 4000, hq, hkv, d, dtype, 8, 1024, src, gen)
     perm = torch.randperm(4000, generator=torch.Generator().manual_seed(11)) + 1
     items = [(3, 40, 1), (5, 0, 17), (1, 90, 1), (7, 12, 30), (2, 1, 1)]  # (row, prefix, new)
-    off = 0
-    for row, p, n in items:
-        table.write(row, 0, perm[off : off + p + n])
-        off += p + n
-    prefix = torch.tensor([p for _, p, _ in items])
-    ext = torch.tensor([n for _, _, n in items])
-    qo = torch.cat([torch.zeros(1, dtype=torch.int64), ext.cumsum(0)])
-    loc = torch.cat([table.table[r, p : p + n] for r, p, n in items]).long()
-    t = int(qo[-1])
-    batch = ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64, device=DEV), positions=torch.zeros(t, dtype=torch.int64),
-        out_cache_loc=loc, req_rows=torch.tensor([r for r, _, _ in items]), prefix_lens=prefix, extend_lens=ext,
-        seq_lens=prefix + ext, qo_indptr=qo, logits_indices=qo[1:] - 1)
+    batch = mixed_step(table, items, perm)
+    off, t = sum(p + n for _, p, n in items), batch.num_tokens
     ref_kv = _clone(kv)
     ref = TorchReferenceBackend(ref_kv, table, cross, sm_scale=d**-0.5)
     tri = TritonBackend(kv, table, cross, max_splits=8, min_split_tokens=16, num_sms=num_sms)
