@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from engine.attention import BACKENDS, supports_cuda_graphs
-from engine.config import FAMILIES, KV_DTYPES, DeviceUnavailable, EngineConfig
+from engine.config import FAMILIES, DeviceUnavailable, EngineConfig
+from engine.kv.fp8 import FP8_DTYPE, kv_storage_dtype
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -185,9 +186,7 @@ def check_kv_dtype(kv_dtype: str, dev: torch.device) -> None:
         KVDtypeUnsupported: FP8 on a GPU that does not convert e4m3 (compute capability below 8.9; Triton has
             no e4m3 below it).
     """
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"unknown kv_dtype {kv_dtype!r} (expected one of {', '.join(KV_DTYPES)})")
-    if kv_dtype == "fp8_e4m3" and dev.type == "cuda":
+    if kv_storage_dtype(kv_dtype, torch.float32) == FP8_DTYPE and dev.type == "cuda":  # raises on unknown
         cap = torch.cuda.get_device_capability(dev)
         if cap < (8, 9):
             raise KVDtypeUnsupported(f"kv_dtype fp8_e4m3 needs compute capability 8.9 or newer; {dev} has "

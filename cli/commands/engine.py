@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_engine_app(engine, engine_id=f"{socket.gethostname()}:{port}:{device}", served_models=names,
                             spool_dir=scratch.path)
     c = engine.config
-    kv = str(engine.kv.dtype).removeprefix("torch.")
+    kv = engine.stats()["kv_storage_dtype"]
     print(f"Diarist engine ({device}, {c.dtype}, KV cache {kv}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
           f"{'on' if c.async_decode else 'off'}) listening on http://{host}:{port}", flush=True)

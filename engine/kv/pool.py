@@ -94,9 +94,11 @@ class KVPool:
         dtype, or dequantised to float32 when it is FP8 (the reference backend's view of the cache)."""
         if not self.quantized:
             return self.k[layer][slots], self.v[layer][slots]
-        codes = (buf.view(torch.uint8)[slots].view(fp8.FP8_DTYPE) for buf in (self.k[layer], self.v[layer]))
-        return (fp8.dequantize(next(codes), self.k_scale[layer][slots]),
-                fp8.dequantize(next(codes), self.v_scale[layer][slots]))
+        def codes(buf: torch.Tensor) -> torch.Tensor:  # gathered as bytes: no CPU index kernel for float8
+            return buf.view(torch.uint8)[slots].view(fp8.FP8_DTYPE)
+
+        return (fp8.dequantize(codes(self.k[layer]), self.k_scale[layer][slots]),
+                fp8.dequantize(codes(self.v[layer]), self.v_scale[layer][slots]))
 
 
 class CrossKVPool:
