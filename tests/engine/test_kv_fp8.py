@@ -14,6 +14,7 @@ import torch
 from engine import Engine, EngineConfig, Sequence
 from engine.kv import KVPool, fp8
 from engine.resolve import resolve_config
+from tests.engine.test_async_decode import TINY  # vocab 512: greedy ties improbable with random weights
 
 
 def test_quantize_keeps_each_value_within_half_an_e4m3_step():
@@ -68,10 +69,6 @@ def test_unknown_kv_dtype_is_refused():
         resolve_config(EngineConfig(kv_dtype="int4"))
 
 
-TINY = {"text_config": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
-                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512},
-        "audio_config": {"d_model": 32, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 64},
-        "init_std": 0.5}
 
 
 def _tiny(kv_dtype: str) -> Engine:
