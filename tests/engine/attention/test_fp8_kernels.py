@@ -99,14 +99,16 @@ def _quantized_cache(lens, hkv, d, gen):
     return kc, ks, vc, vs, table, rows
 
 
-def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n):
+def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, **opts):
+    """``opts``: decode_attention's kernel options (``fma``, ``fused_merge``, ``num_warps``, ``num_stages``)."""
     gen = torch.Generator(device=DEV).manual_seed(len(lens) * 991 + hq)
     kc, ks, vc, vs, table, rows = _quantized_cache(lens, hkv, d, gen)
     q = torch.randn(len(lens), hq, d, generator=gen, device=DEV).to(dtype)
     out = torch.full_like(q, float("nan"))
     seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
     decode_attention(q, kc, vc, rows, seq, out, sm_scale=1 / math.sqrt(d), table=table, fill_splits=fill,
-                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, k_scale=ks, v_scale=vs)
+                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, k_scale=ks, v_scale=vs,
+                     **opts)
     kd, vd = fp8.dequantize(kc, ks), fp8.dequantize(vc, vs)
     for i, n in enumerate(lens):
         kk, vv = seq_kv(kd, vd, table, i + 1, n)
@@ -140,18 +142,22 @@ def _extend_fp8_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows=None
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run where CUDA is absent")
 def test_fp8_decode_and_extend_interpreter():
-    _decode_fp8_case([1, 5, 70, 300], 4, 2, 16, torch.float32, fill=4, max_splits=8, min_split=32, block_n=16)
-    _decode_fp8_case([33, 2, 129], 3, 3, 8, torch.float32, fill=1, max_splits=8, min_split=32, block_n=16)
+    for opts in ({}, {"fma": True, "fused_merge": True}):
+        _decode_fp8_case([1, 5, 70, 300], 4, 2, 16, torch.float32, fill=4, max_splits=8, min_split=32, block_n=16,
+                         **opts)
+        _decode_fp8_case([33, 2, 129], 3, 3, 8, torch.float32, fill=1, max_splits=8, min_split=32, block_n=16,
+                         **opts)
     _extend_fp8_case([(0, 5), (69, 1), (260, 40), (0, 33)], 4, 2, 16, torch.float32, block_m=16, block_n=16)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("lens", [[35_000], [90_000], [1, 2, 63, 65, 257, 4096] + [1000 + 37 * i for i in range(40)]])
-def test_fp8_decode_gpu(lens):
+@pytest.mark.parametrize("opts", [{}, {"fused_merge": True}, {"fma": True, "fused_merge": True, "num_warps": 8}])
+def test_fp8_decode_gpu(lens, opts):
     fill = decode_splits_for_fill(len(lens), 8, 64)
-    _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=fill, max_splits=64, min_split=256, block_n=64)
-    _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=1, max_splits=64, min_split=256, block_n=64)
+    _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=fill, max_splits=64, min_split=256, block_n=64, **opts)
+    _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=1, max_splits=64, min_split=256, block_n=64, **opts)
 
 
 @pytest.mark.gpu

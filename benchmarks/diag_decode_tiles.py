@@ -1,0 +1,152 @@
+"""Decode attention of a whole step (28 layers) in the engine's KV layout: tiles, FMA vs ``tl.dot``, the
+fused split merge, bf16 vs FP8 KV.
+
+MOSS-TD's decoder attention (16 query heads, 8 KV heads, head_dim 128), 28 layers of their own K/V (so L2
+holds none of it), at batch 1 and 16 and 35K keys per sequence. Each sequence's keys sit in one run of
+slots, as the engine's admission reserves them in a fresh pool (``--layout random`` permutes the slots: the
+worst locality, what ``diag_fp8_decode.py`` measured). Every variant is captured as one CUDA graph of the
+28 layers' :func:`engine.attention.triton_ops.decode_attention` calls and replayed: microseconds per layer
+(the graph's time / 28, so the second kernel's launch is counted as in a decode graph) and the K/V (+ scale)
+bytes per second that implies. Output error against the bf16 engine tile's output.
+
+Run on the GPU machine:  python3 benchmarks/diag_decode_tiles.py --commit SHA --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_engine import json_saver, result_header
+
+from engine.attention.triton_ops import DecodeTile, decode_attention, decode_splits_for_fill
+from engine.kv import fp8
+
+HQ, HKV, D, LAYERS, MAX_SPLITS = 16, 8, 128, 28, 64
+
+# (block_n, warps, stages)
+DOT_TILES = [(64, 4, 2), (64, 8, 2), (64, 4, 3), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 4), (32, 4, 3)]
+FMA_TILES = [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 2), (32, 4, 3), (64, 8, 3), (16, 2, 3), (32, 8, 4)]
+
+
+def graph_us(fn, reps: int = 20) -> float:
+    """Mean microseconds of one replay of a CUDA graph of ``fn`` (captured after two eager warm-ups)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / reps
+
+
+def _step(c: dict, tile: DecodeTile, merge: bool, fp: bool) -> None:
+    """One decode step's 28 attention calls over the layers' K/V in ``c`` (layers cycle if fewer)."""
+    for i in range(LAYERS):
+        j = i % len(c["k"])
+        kb, vb = (c["k8"][j][0], c["v8"][j][0]) if fp else (c["k"][j], c["v"][j])
+        extra = {"k_scale": c["k8"][j][1], "v_scale": c["v8"][j][1]} if fp else {}
+        decode_attention(c["q"], kb, vb, c["rows"], c["lens"], c["outs"][j], sm_scale=D**-0.5, table=c["table"],
+                         fill_splits=c["fill"], max_splits=MAX_SPLITS, min_split_tokens=256, part_o=c["po"],
+                         part_lse=c["pl"], block_n=tile.block_n, num_warps=tile.num_warps,
+                         num_stages=tile.num_stages, fma=tile.fma, fused_merge=merge, ticket=c["ticket"], **extra)
+
+
+def _case(bsz: int, context: int, layout: str, gen: torch.Generator) -> dict:
+    dev = gen.device
+    n = bsz * context
+    layers = max(2, min(LAYERS, (24 << 30) // (n * HKV * D * 2 * 2)))  # <= 24 GiB of bf16 K/V
+    k = [torch.randn(n + 1, HKV, D, generator=gen, device=dev).to(torch.bfloat16) for _ in range(layers)]
+    v = [torch.randn(n + 1, HKV, D, generator=gen, device=dev).to(torch.bfloat16) for _ in range(layers)]
+    slots = torch.arange(n, device=dev) if layout == "runs" else torch.randperm(n, generator=gen, device=dev)
+    q = torch.randn(bsz, HQ, D, generator=gen, device=dev).to(torch.bfloat16)
+    return {
+        "k": k, "v": v, "k8": [fp8.quantize(x) for x in k], "v8": [fp8.quantize(x) for x in v], "q": q,
+        "table": torch.cat([torch.zeros(1, context, dtype=torch.int32, device=dev),
+                            (slots + 1).view(bsz, context).int()]),
+        "rows": torch.arange(1, bsz + 1, dtype=torch.int32, device=dev),
+        "lens": torch.full((bsz,), context, dtype=torch.int32, device=dev),
+        "outs": [torch.empty_like(q) for _ in range(layers)], "fill": decode_splits_for_fill(bsz, HKV, MAX_SPLITS),
+        "po": torch.empty((bsz, HQ, MAX_SPLITS, D), dtype=torch.float32, device=dev),
+        "pl": torch.empty((bsz, HQ, MAX_SPLITS), dtype=torch.float32, device=dev),
+        "ticket": torch.zeros((bsz, HQ), dtype=torch.int32, device=dev),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--context", type=int, default=35_000)
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--layout", choices=("runs", "random"), default="runs")
+    ap.add_argument("--kv", default="bf16,fp8")
+    ap.add_argument("--commit", default="")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    res = result_header(args.commit)
+    res.update(context=args.context, heads=[HQ, HKV, D], layers=LAYERS, layout=args.layout, runs=[])
+    save = json_saver(res, args.out)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kvs = args.kv.split(",")
+    variants = [(kv, DecodeTile(bn, w, st, False), merge) for kv in kvs for bn, w, st in DOT_TILES
+                for merge in (False, True)]
+    variants += [(kv, DecodeTile(bn, w, st, True), True) for kv in kvs for bn, w, st in FMA_TILES]
+    for bsz in (int(b) for b in args.batches.split(",")):
+        c = _case(bsz, args.context, args.layout, gen)
+        n = bsz * args.context
+        ref = None
+        for kv, tile, merge in variants:
+            fp = kv == "fp8"
+            row = {"batch": bsz, "kv": kv, "block_n": tile.block_n, "warps": tile.num_warps,
+                   "stages": tile.num_stages, "fma": tile.fma, "fused_merge": merge, "fill": c["fill"],
+                   "layers_of_kv": len(c["k"])}
+            try:
+                us = graph_us(functools.partial(_step, c, tile, merge, fp)) / LAYERS
+            except (OutOfResources, RuntimeError) as e:  # a tile that does not fit is a result too
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                res["runs"].append(row)
+                print(json.dumps(row), flush=True)
+                continue
+            out = c["outs"][0].float()
+            if ref is None:  # the first variant (bf16, the engine's old tile, two kernels) is the reference
+                ref = out.clone()
+            per_key = HKV * D * (1 if fp else 2) * 2 + (HKV * 8 if fp else 0)  # K and V codes (+ scales)
+            row.update(us_per_layer=us, tb_s=n * per_key / (us * 1e-6) / 1e12,
+                       rel_err_vs_bf16=float((out - ref).norm() / ref.norm()), ticket_zero=not bool(c["ticket"].any()))
+            res["runs"].append(row)
+            print(json.dumps(row), flush=True)
+        del c
+        torch.cuda.empty_cache()
+        save()
+    best = {}
+    for r in res["runs"]:
+        if "us_per_layer" in r:
+            key = f"b{r['batch']}-{r['kv']}-{'fma' if r['fma'] else 'dot'}-{'merge' if r['fused_merge'] else 'stage2'}"
+            if key not in best or r["us_per_layer"] < best[key]["us_per_layer"]:
+                best[key] = r
+    res["best"] = best
+    print(json.dumps(best, indent=1))
+    save()
+
+
+if __name__ == "__main__":
+    main()
