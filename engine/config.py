@@ -101,9 +101,6 @@ class EngineConfig:
         decode_single_split_programs_per_sm: Triton decode attention runs one KV split per sequence once the
             batch alone gives this many (sequence, KV head) programs per SM; 0: off. See
             :func:`engine.attention.triton_ops.decode.decode_splits_for_fill`.
-        decode_fused_merge: Triton decode attention merges a sequence's KV splits in the same kernel (the
-            last split to finish does it) instead of a second kernel per layer. See
-            :func:`engine.attention.triton_ops.decode.decode_attention`.
         admission_limits: most running sequences per admission class (``Sequence.admission_class``, e.g.
             ``{"long": 16}``); a class without an entry is limited only by ``max_running_requests`` and KV.
             A sequence over its class's limit waits without blocking other classes behind it.
@@ -148,7 +145,6 @@ class EngineConfig:
     fused_gelu_gemm: bool | None = None
     extend_large_tile_min_tokens: int = 2048
     decode_single_split_programs_per_sm: int = 2
-    decode_fused_merge: bool = True
     admission_limits: dict[str, int] = field(default_factory=dict)
     stream_interval_s: float = 0.05
     threads: int | None = None

@@ -198,7 +198,7 @@ def describe(cfg: EngineConfig) -> dict:
     async decode, encoder stage, kernel choices, limits."""
     keys = ("device", "dtype", "kv_dtype", "attention_backend", "cuda_graph_max_bs", "prefill_graph_tokens", "async_decode",
             "small_batch_gemv", "fused_gelu_gemm", "extend_large_tile_min_tokens",
-            "decode_single_split_programs_per_sm", "decode_fused_merge", "encoder_stream", "priority_stream", "encoder_graph_buckets",
+            "decode_single_split_programs_per_sm", "encoder_stream", "priority_stream", "encoder_graph_buckets",
             "encoder_cache_entries", "encoder_compile", "chunk_size", "max_running_requests", "admission_limits")
     out = {k: getattr(cfg, k) for k in keys}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

@@ -52,17 +52,14 @@ class TritonBackend(AttentionBackend):
         max_splits: power of two, most KV splits per decode row. min_split_tokens: a row is split into
             pieces of at least this many keys. num_sms: streaming multiprocessors (read from the device).
         large_tile_min_extend: see :func:`extend_tile`. single_split_per_sm: see
-            :func:`decode_splits_for_fill`. fused_merge: see :func:`decode_attention`. All per backend (so per
-            engine), from ``EngineConfig``.
+            :func:`decode_splits_for_fill`. Both per backend (so per engine), from ``EngineConfig``.
     """
 
     def __init__(self, kv: KVPool, table: ReqToTokenTable, cross: CrossKVPool | None = None,
                  sm_scale: float | None = None, max_splits: int = 64, min_split_tokens: int = 256,
                  num_sms: int | None = None, large_tile_min_extend: int = EngineConfig.extend_large_tile_min_tokens,
-                 single_split_per_sm: int = EngineConfig.decode_single_split_programs_per_sm,
-                 fused_merge: bool = EngineConfig.decode_fused_merge) -> None:
+                 single_split_per_sm: int = EngineConfig.decode_single_split_programs_per_sm) -> None:
         super().__init__(kv, table, cross, sm_scale)
-        self.fused_merge = fused_merge
         self.device = table.table.device
         self.max_splits = max_splits
         self.min_split_tokens = min_split_tokens
@@ -83,17 +80,14 @@ class TritonBackend(AttentionBackend):
         self.meta: _StepMeta | None = None
 
     @classmethod
-    def config_options(cls, config: EngineConfig) -> dict[str, int | bool]:
-        """The split-KV and tile options of ``config`` (per engine, see the class docstring)."""
+    def config_options(cls, config: EngineConfig) -> dict[str, int]:
+        """The split-KV and tile thresholds of ``config`` (per engine, see the class docstring)."""
         return {"large_tile_min_extend": config.extend_large_tile_min_tokens,
-                "single_split_per_sm": config.decode_single_split_programs_per_sm,
-                "fused_merge": config.decode_fused_merge}
+                "single_split_per_sm": config.decode_single_split_programs_per_sm}
 
     # -- per step ------------------------------------------------------------------------------------
-    def _scratch(self, rows: int, hq: int, dim: int,
-                 static: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Float32 split partials ``[rows, hq, max_splits, dim]``, LSEs ``[rows, hq, max_splits]`` and the
-        fused merge's int32 ticket counters ``[rows, hq]`` (zeros; each call leaves them zeroed)."""
+    def _scratch(self, rows: int, hq: int, dim: int, static: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float32 split partials ``[rows, hq, max_splits, dim]`` and LSEs ``[rows, hq, max_splits]``."""
         part = self._gpart if static else self._part
         if part is None or part[0].shape[0] < rows or part[0].shape[1] < hq:
             capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -104,7 +98,6 @@ class TritonBackend(AttentionBackend):
             part = (
                 torch.empty((rows, hq, self.max_splits, dim), dtype=torch.float32, device=self.device),
                 torch.empty((rows, hq, self.max_splits), dtype=torch.float32, device=self.device),
-                torch.zeros((rows, hq), dtype=torch.int32, device=self.device),
             )
             if static:
                 self._gpart = part
@@ -140,13 +133,13 @@ class TritonBackend(AttentionBackend):
         m = self.meta
         qd = q if m.all_dec else q[m.dec_tok]
         od = out if m.all_dec else torch.empty_like(qd)
-        po, pl, ticket = self._scratch(m.n_dec, q.shape[1], q.shape[2], m.static)
+        po, pl = self._scratch(m.n_dec, q.shape[1], q.shape[2], m.static)
         tile = decode_tile(scales[0] is not None)
         decode_attention(qd, k, v, m.dec_rows, lens, od, sm_scale=self.scale, table=table, src_len=src_len,
                          fill_splits=m.fill, max_splits=self.max_splits,
                          min_split_tokens=self.min_split_tokens, part_o=po, part_lse=pl,
                          k_scale=scales[0], v_scale=scales[1], block_n=tile.block_n, num_warps=tile.num_warps,
-                         num_stages=tile.num_stages, fma=tile.fma, fused_merge=self.fused_merge, ticket=ticket)
+                         num_stages=tile.num_stages, fp8_dot=tile.fp8_dot)
         if not m.all_dec:
             out[m.dec_tok] = od
 

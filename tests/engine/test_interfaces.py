@@ -72,10 +72,9 @@ def test_only_triton_is_graph_capable():
 
 def test_backends_take_their_own_tuning_from_the_config():
     cfg = dataclasses.replace(EngineConfig(), extend_large_tile_min_tokens=777,
-                              decode_single_split_programs_per_sm=5, decode_fused_merge=False)
+                              decode_single_split_programs_per_sm=5)
     assert TorchReferenceBackend.config_options(cfg) == {}
-    assert backend_class("triton").config_options(cfg) == {"large_tile_min_extend": 777, "single_split_per_sm": 5,
-                                                           "fused_merge": False}
+    assert backend_class("triton").config_options(cfg) == {"large_tile_min_extend": 777, "single_split_per_sm": 5}
     from engine.kv import KVPool, ReqToTokenTable
 
     kv = KVPool(1, 16, 1, 8, torch.float32, torch.device("cpu"))

@@ -1,7 +1,6 @@
 """Triton attention kernels over the token-indexed KV cache (GPU; also run under ``TRITON_INTERPRET=1``).
 
-- :func:`decode_attention`: one query per sequence, split-KV over the context, GQA; the
-  splits are merged by the last one to finish or by a second kernel.
+- :func:`decode_attention`: one query per sequence, split-KV over the context (two stages), GQA.
 - :func:`extend_attention`: several new queries per sequence over its cached prefix and themselves,
   bottom-right causal (prefill chunks), or over a fixed-length source without a mask (cross-attention).
 

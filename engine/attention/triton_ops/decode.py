@@ -30,41 +30,24 @@ def _split_range(seq_len, sid, fill_splits, MIN_SPLIT: tl.constexpr, BLOCK_N: tl
     split_len = tl.cdiv(tl.cdiv(seq_len, n_splits), BLOCK_N) * BLOCK_N
     start = sid * split_len
     end = tl.minimum(start + split_len, seq_len)
-    return start, end, split_len
-
-
-@triton.jit
-def _merge_head(PartO, PartLse, O, b, h, n_valid, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                stride_ot, stride_oh, offs_d, dmask, MAX_SPLITS: tl.constexpr):
-    """Flash-decoding merge of head ``h``'s first ``n_valid`` split partials (log-sum-exp weights)."""
-    sids = tl.arange(0, MAX_SPLITS)
-    valid = sids < n_valid
-    # .cg: read through L2, where the other programs' partials are (this SM's L1 may not have seen them)
-    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + sids, mask=valid, other=float("-inf"),
-                  cache_modifier=".cg")
-    w = tl.where(valid, tl.exp2(lse - tl.max(lse, 0)), 0.0)
-    part = tl.load(PartO + b * stride_pb + h * stride_ph + sids[:, None] * stride_ps + offs_d[None, :],
-                   mask=valid[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
-    out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
-    tl.store(O + b * stride_ot + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=dmask)
+    return start, end
 
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, KScale, VScale, Table, Rows, SeqLens, PartO, PartLse, O, Ticket,
+    Q, K, V, KScale, VScale, Table, Rows, SeqLens, PartO, PartLse, O,
     qk_scale, fill_splits,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ss, stride_tr,
-    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh, stride_tb,
+    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_TABLE: tl.constexpr, DOT_PREC: tl.constexpr,
-    DIRECT: tl.constexpr, KV_FP8: tl.constexpr, FMA: tl.constexpr, MERGE: tl.constexpr,
-    MAX_SPLITS: tl.constexpr,
+    DIRECT: tl.constexpr, KV_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
     sid = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
-    start, end, split_len = _split_range(seq_len, sid, fill_splits, MIN_SPLIT, BLOCK_N)
+    start, end = _split_range(seq_len, sid, fill_splits, MIN_SPLIT, BLOCK_N)
     if start < end:
         row = tl.load(Rows + b).to(tl.int64)
         offs_h = tl.arange(0, BLOCK_H)
@@ -74,8 +57,14 @@ def _decode_stage1(
         dmask = offs_d < HEAD_DIM
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=hmask[:, None] & dmask[None, :], other=0.0)
-        if FMA:
-            q = q.to(tl.float32)
+        qs = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
+        if KV_FP8:
+            if FP8_DOT == 1:  # e4m3 widens to fp16 in one instruction per pair (bf16 needs more)
+                q = q.to(tl.float16)
+            elif FP8_DOT == 2:  # q quantised per head too: an e4m3 x e4m3 product, its scale on the score
+                qs = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1) / 448.0, 1e-30)
+                q = (q.to(tl.float32) / qs[:, None]).to(K.dtype.element_ty)
+        wide = tl.float16 if FP8_DOT > 0 else Q.dtype.element_ty
         m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -88,15 +77,12 @@ def _decode_stage1(
                 slot = row * stride_tr + pos
             kv_mask = nmask[:, None] & dmask[None, :]
             k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-            if FMA:  # products on the CUDA cores: no widening into tl.dot's operand layout
-                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], 2)
-            else:  # FP8 codes are widened exactly to q's dtype
-                s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC)
-            if KV_FP8:  # a key's scale multiplies its score
+            if KV_FP8:  # codes widened exactly (or used as they are); a key's scale multiplies its score
                 ks = tl.load(KScale + slot * stride_ss + g, mask=nmask, other=0.0)
-                s = s * (qk_scale * ks[None, :])
+                kk = k if FP8_DOT == 2 else k.to(q.dtype)
+                s = tl.dot(q, tl.trans(kk), input_precision=DOT_PREC) * ((qk_scale * qs)[:, None] * ks[None, :])
             else:
-                s = s * qk_scale
+                s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
             s = tl.where(nmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp2(s - m_new[:, None])
@@ -104,11 +90,10 @@ def _decode_stage1(
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
             if KV_FP8:  # a value's scale multiplies its softmax weight (l_i keeps the unscaled weights)
-                p = p * tl.load(VScale + slot * stride_ss + g, mask=nmask, other=0.0)[None, :]
-            if FMA:
-                pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+                vsc = tl.load(VScale + slot * stride_ss + g, mask=nmask, other=0.0)
+                pv = tl.dot((p * vsc[None, :]).to(wide), v.to(wide), input_precision=DOT_PREC)
             else:
-                pv = tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+                pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / l_i[:, None]
@@ -119,20 +104,6 @@ def _decode_stage1(
             po = PartO + b * stride_pb + heads[:, None] * stride_ph + sid * stride_ps + offs_d[None, :]
             tl.store(po, out, mask=hmask[:, None] & dmask[None, :])
             tl.store(PartLse + b * stride_lb + heads * stride_lh + sid, m_i + tl.log2(l_i), mask=hmask)
-            if MERGE:
-                # The last split of (b, g) to finish merges them all, so no second kernel runs. Every
-                # split with keys takes one ticket after its partials are stored (the barrier orders all
-                # threads' stores before the acq_rel atomic), and the last resets the counter to 0 for the
-                # next call (a replayed CUDA graph finds it zeroed).
-                tl.debug_barrier()
-                n_valid = tl.cdiv(seq_len, split_len)
-                old = tl.atomic_add(Ticket + b * stride_tb + g, 1, sem="acq_rel")
-                if old == n_valid - 1:
-                    tl.atomic_xchg(Ticket + b * stride_tb + g, 0, sem="relaxed")
-                    for hh in tl.static_range(GROUP):
-                        _merge_head(PartO, PartLse, O, b, g * GROUP + hh, n_valid, stride_pb, stride_ph,
-                                    stride_ps, stride_lb, stride_lh, stride_ot, stride_oh, offs_d, dmask,
-                                    MAX_SPLITS)
 
 
 @triton.jit
@@ -145,10 +116,17 @@ def _decode_stage2(
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(SeqLens + b)
-    _, _, split_len = _split_range(seq_len, 0, fill_splits, MIN_SPLIT, BLOCK_N)
+    sids = tl.arange(0, MAX_SPLITS)
+    start, end = _split_range(seq_len, sids, fill_splits, MIN_SPLIT, BLOCK_N)
+    valid = start < end
     offs_d = tl.arange(0, BLOCK_D)
-    _merge_head(PartO, PartLse, O, b, h, tl.cdiv(seq_len, split_len), stride_pb, stride_ph, stride_ps,
-                stride_lb, stride_lh, stride_ot, stride_oh, offs_d, offs_d < HEAD_DIM, MAX_SPLITS)
+    dmask = offs_d < HEAD_DIM
+    lse = tl.load(PartLse + b * stride_lb + h * stride_lh + sids, mask=valid, other=float("-inf"))
+    w = tl.where(valid, tl.exp2(lse - tl.max(lse, 0)), 0.0)
+    part = tl.load(PartO + b * stride_pb + h * stride_ph + sids[:, None] * stride_ps + offs_d[None, :],
+                   mask=valid[:, None] & dmask[None, :], other=0.0)
+    out = tl.sum(w[:, None] * part, 0) / tl.sum(w, 0)
+    tl.store(O + b * stride_ot + h * stride_oh + offs_d, out.to(O.dtype.element_ty), mask=dmask)
 
 
 # Batches with at least this many (sequence, KV head) programs per SM run one split per sequence: stage 1
@@ -173,12 +151,12 @@ def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, 
 @dataclass(frozen=True)
 class DecodeTile:
     """Stage-1 launch shape of :func:`decode_attention`: keys per iteration, warps, pipeline stages, and
-    whether the products run on the CUDA cores (``fma``) instead of ``tl.dot``."""
+    (FP8 KV only) how the products run (``fp8_dot``, see :func:`decode_attention`)."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    fma: bool = False
+    fp8_dot: int = 0
 
 
 _TILES = {False: DecodeTile(), True: DecodeTile()}
@@ -195,8 +173,7 @@ def decode_attention(
     fill_splits: int = 8, max_splits: int = 32, min_split_tokens: int = 256,
     part_o: torch.Tensor | None = None, part_lse: torch.Tensor | None = None, block_n: int = 64,
     num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, fma: bool = False, fused_merge: bool = False,
-    ticket: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, fp8_dot: int = 0,
 ) -> torch.Tensor:
     """Attention of one query per sequence over that sequence's first ``seq_lens[b]`` keys (no mask).
 
@@ -208,18 +185,16 @@ def decode_attention(
         table: int32 ``[R, max_ctx]`` ``req_to_token``; ``None`` means key ``pos`` of ``row`` is slot
             ``row * src_len + pos`` (cross-attention KV stored as ``[R, src_len, H, D]``).
         fill_splits: splits per sequence at most (see :func:`decode_splits_for_fill`), <= ``max_splits``.
-        max_splits: power of two; sizes the partial buffers and the merge.
+        max_splits: power of two; sizes the partial buffers and the stage-2 reduction.
         part_o, part_lse: float32 scratch ``[>=B, Hq, max_splits, D]`` and ``[>=B, Hq, max_splits]``
             (static for CUDA graphs); allocated when omitted.
         block_n, num_warps, num_stages: stage-1 tile (keys per iteration) and launch shape.
         k_scale, v_scale: float32 ``[num_slots, Hkv]`` when k_buf/v_buf hold FP8 e4m3 codes
             (:mod:`engine.kv.fp8`: per token-head scales); dequantised in registers.
-        fma: products on the CUDA cores (broadcast multiply + sum) instead of ``tl.dot``; the query
-            group is then ``next_pow2(Hq / Hkv)`` rows instead of at least 16.
-        fused_merge: the last split of each (sequence, KV head) to finish merges the partials in the same
-            kernel (a ticket counter per pair), so the second kernel is not launched.
-        ticket: int32 ``[>=B, Hkv]`` of zeros for ``fused_merge`` (static for CUDA graphs; every call leaves
-            it zeroed again); allocated when omitted.
+        fp8_dot: with FP8 codes, how the products run: 0 codes widened to q's dtype; 1 codes and q in
+            float16 (half precision's 10 mantissa bits hold every e4m3 code and bf16 q exactly only for
+            |q| < 65504); 2 q quantised to e4m3 per head and the scores an e4m3 ``tl.dot`` (CC 8.9+),
+            values in float16.
     Raises:
         ValueError: inconsistent head counts or ``fill_splits > max_splits``.
     """
@@ -233,32 +208,27 @@ def decode_attention(
         part_o = torch.empty((bsz, hq, max_splits, dim), dtype=torch.float32, device=q.device)
     if part_lse is None:
         part_lse = torch.empty((bsz, hq, max_splits), dtype=torch.float32, device=q.device)
-    direct = fill_splits == 1
-    merge = fused_merge and not direct
-    if merge and ticket is None:
-        ticket = torch.zeros((bsz, hkv), dtype=torch.int32, device=q.device)
-    tk = ticket if merge else rows  # unused without the fused merge
     group = hq // hkv
     block_d = triton.next_power_of_2(dim)
     use_table = table is not None
     tbl = table if use_table else rows
     stride_tr = table.stride(0) if use_table else src_len
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    direct = fill_splits == 1
     fp8 = k_scale is not None
     ks, vs = (k_scale, v_scale) if fp8 else (q, q)  # unused without FP8
-    block_h = triton.next_power_of_2(group) if fma else max(16, triton.next_power_of_2(group))
     _decode_stage1[(bsz, hkv, fill_splits)](
-        q, k_buf, v_buf, ks, vs, tbl, rows, seq_lens, part_o, part_lse, out, tk,
+        q, k_buf, v_buf, ks, vs, tbl, rows, seq_lens, part_o, part_lse, out,
         sm_scale * _LOG2E, fill_splits,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         ks.stride(0), stride_tr,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), tk.stride(0),
-        GROUP=group, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=block_d,
+        out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec, DIRECT=direct,
-        KV_FP8=fp8, FMA=fma, MERGE=merge, MAX_SPLITS=max_splits, num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=fp8, FP8_DOT=fp8_dot if fp8 else 0, num_warps=num_warps, num_stages=num_stages,
     )
-    if direct or merge:
+    if direct:
         return out
     _decode_stage2[(bsz, hq)](
         part_o, part_lse, seq_lens, out, fill_splits,

@@ -86,7 +86,7 @@ GPU_DECODE = [
 ]
 
 
-def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, fma=False, fused_merge=False):
+def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n):
     gen = torch.Generator(device=DEV).manual_seed(len(lens) * 1000 + hq)
     k, v, table, rows = make_cache(lens, hkv, d, dtype, gen)
     q = torch.randn(len(lens), hq, d, generator=gen, device=DEV).to(dtype)
@@ -95,12 +95,9 @@ def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, 
     scale = 1 / math.sqrt(d)
     po = torch.full((len(lens), hq, max_splits, d), 7.0, device=DEV)  # sentinels: one split writes no partials
     pl = torch.full((len(lens), hq, max_splits), 7.0, device=DEV)
-    ticket = torch.zeros((len(lens), hkv), dtype=torch.int32, device=DEV)
     decode_attention(q, k, v, rows, seq, out, sm_scale=scale, table=table, fill_splits=fill,
-                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, part_o=po, part_lse=pl,
-                     fma=fma, fused_merge=fused_merge, ticket=ticket)
+                     max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, part_o=po, part_lse=pl)
     assert (fill == 1) == bool((po == 7.0).all() and (pl == 7.0).all())
-    assert not ticket.any()  # the last split of each pair resets its counter (graph replays need zeros)
     for i, n in enumerate(lens):
         ks, vs = seq_kv(k, v, table, i + 1, n)
         ref = reference_attention(q[i : i + 1], ks, vs, n - 1, scale)
@@ -109,25 +106,21 @@ def _decode_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run where CUDA is absent")
 @pytest.mark.parametrize("lens,hq,hkv,d,dtype", CPU_DECODE)
-@pytest.mark.parametrize("fma,fused_merge", [(False, False), (True, True)])
-def test_decode_interpreter(lens, hq, hkv, d, dtype, fma, fused_merge):
+def test_decode_interpreter(lens, hq, hkv, d, dtype):
     # fill 4 with 32-token splits: length 1 and 5 leave 3 empty splits, 300 uses all 4.
-    opts = {"fma": fma, "fused_merge": fused_merge}
-    _decode_case(lens, hq, hkv, d, dtype, fill=4, max_splits=8, min_split=32, block_n=16, **opts)
+    _decode_case(lens, hq, hkv, d, dtype, fill=4, max_splits=8, min_split=32, block_n=16)
     # one split: stage 1 writes the output itself and stage 2 is not launched
-    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=8, min_split=32, block_n=16, **opts)
+    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=8, min_split=32, block_n=16)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("lens,hq,hkv,d,dtype", GPU_DECODE)
-@pytest.mark.parametrize("fma,fused_merge", [(False, False), (False, True), (True, True)])
-def test_decode_gpu(lens, hq, hkv, d, dtype, fma, fused_merge):
+def test_decode_gpu(lens, hq, hkv, d, dtype):
     fill = decode_splits_for_fill(len(lens), hkv, 32)
-    opts = {"fma": fma, "fused_merge": fused_merge}
-    _decode_case(lens, hq, hkv, d, dtype, fill=fill, max_splits=32, min_split=256, block_n=64, **opts)
-    _decode_case(lens, hq, hkv, d, dtype, fill=32, max_splits=32, min_split=64, block_n=64, **opts)  # many empty
-    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=32, min_split=256, block_n=64, **opts)  # no stage 2
+    _decode_case(lens, hq, hkv, d, dtype, fill=fill, max_splits=32, min_split=256, block_n=64)
+    _decode_case(lens, hq, hkv, d, dtype, fill=32, max_splits=32, min_split=64, block_n=64)  # many empty
+    _decode_case(lens, hq, hkv, d, dtype, fill=1, max_splits=32, min_split=256, block_n=64)  # no stage 2
 
 
 # -- extend ------------------------------------------------------------------------------------------
