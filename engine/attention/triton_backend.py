@@ -139,7 +139,7 @@ class TritonBackend(AttentionBackend):
                          fill_splits=m.fill, max_splits=self.max_splits,
                          min_split_tokens=self.min_split_tokens, part_o=po, part_lse=pl,
                          k_scale=scales[0], v_scale=scales[1], block_n=tile.block_n, num_warps=tile.num_warps,
-                         num_stages=tile.num_stages, fp8_dot=tile.fp8_dot)
+                         num_stages=tile.num_stages)
         if not m.all_dec:
             out[m.dec_tok] = od
 

@@ -41,7 +41,7 @@ def _decode_stage1(
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HEAD_DIM: tl.constexpr, MIN_SPLIT: tl.constexpr, USE_TABLE: tl.constexpr, DOT_PREC: tl.constexpr,
-    DIRECT: tl.constexpr, KV_FP8: tl.constexpr, FP8_DOT: tl.constexpr,
+    DIRECT: tl.constexpr, KV_FP8: tl.constexpr, WIDE: tl.constexpr,
 ):
     b = tl.program_id(0)
     g = tl.program_id(1)
@@ -57,14 +57,8 @@ def _decode_stage1(
         dmask = offs_d < HEAD_DIM
         q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                     mask=hmask[:, None] & dmask[None, :], other=0.0)
-        qs = tl.full([BLOCK_H], 1.0, dtype=tl.float32)
-        if KV_FP8:
-            if FP8_DOT == 1:  # e4m3 widens to fp16 in one instruction per pair (bf16 needs more)
-                q = q.to(tl.float16)
-            elif FP8_DOT == 2:  # q quantised per head too: an e4m3 x e4m3 product, its scale on the score
-                qs = tl.maximum(tl.max(tl.abs(q.to(tl.float32)), 1) / 448.0, 1e-30)
-                q = (q.to(tl.float32) / qs[:, None]).to(K.dtype.element_ty)
-        wide = tl.float16 if FP8_DOT > 0 else Q.dtype.element_ty
+        if KV_FP8:  # the products run in WIDE (see decode_attention)
+            q = q.to(WIDE)
         m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
@@ -77,10 +71,9 @@ def _decode_stage1(
                 slot = row * stride_tr + pos
             kv_mask = nmask[:, None] & dmask[None, :]
             k = tl.load(K + slot[:, None] * stride_ks + g * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8:  # codes widened exactly (or used as they are); a key's scale multiplies its score
+            if KV_FP8:  # codes widened exactly; a key's scale multiplies its score
                 ks = tl.load(KScale + slot * stride_ss + g, mask=nmask, other=0.0)
-                kk = k if FP8_DOT == 2 else k.to(q.dtype)
-                s = tl.dot(q, tl.trans(kk), input_precision=DOT_PREC) * ((qk_scale * qs)[:, None] * ks[None, :])
+                s = tl.dot(q, tl.trans(k.to(WIDE)), input_precision=DOT_PREC) * (qk_scale * ks[None, :])
             else:
                 s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
             s = tl.where(nmask[None, :], s, float("-inf"))
@@ -91,7 +84,7 @@ def _decode_stage1(
             v = tl.load(V + slot[:, None] * stride_vs + g * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
             if KV_FP8:  # a value's scale multiplies its softmax weight (l_i keeps the unscaled weights)
                 vsc = tl.load(VScale + slot * stride_ss + g, mask=nmask, other=0.0)
-                pv = tl.dot((p * vsc[None, :]).to(wide), v.to(wide), input_precision=DOT_PREC)
+                pv = tl.dot((p * vsc[None, :]).to(WIDE), v.to(WIDE), input_precision=DOT_PREC)
             else:
                 pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
             acc = acc * alpha[:, None] + pv
@@ -150,16 +143,17 @@ def decode_splits_for_fill(batch_size: int, num_kv_heads: int, max_splits: int, 
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """Stage-1 launch shape of :func:`decode_attention`: keys per iteration, warps, pipeline stages, and
-    (FP8 KV only) how the products run (``fp8_dot``, see :func:`decode_attention`)."""
+    """Stage-1 launch shape of :func:`decode_attention`: keys per iteration, warps, pipeline stages."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    fp8_dot: int = 0
 
 
-_TILES = {False: DecodeTile(), True: DecodeTile()}
+# Fastest of the tiles swept on an H200 at batch 1 and 16, 35K keys, 28-layer graphs in the engine's slot
+# layout (benchmarks/diag_decode_tiles.py, results/diag_decode_tiles_h200.json): bf16 64 keys / 4 warps /
+# 2 stages; FP8 128 keys / 4 warps / 3 stages (64 keys lose 20% at batch 1 and 45% at batch 16).
+_TILES = {False: DecodeTile(), True: DecodeTile(block_n=128, num_warps=4, num_stages=3)}
 
 
 def decode_tile(kv_fp8: bool) -> DecodeTile:
@@ -173,7 +167,7 @@ def decode_attention(
     fill_splits: int = 8, max_splits: int = 32, min_split_tokens: int = 256,
     part_o: torch.Tensor | None = None, part_lse: torch.Tensor | None = None, block_n: int = 64,
     num_warps: int = 4, num_stages: int = 2, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None, fp8_dot: int = 0,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over that sequence's first ``seq_lens[b]`` keys (no mask).
 
@@ -191,10 +185,10 @@ def decode_attention(
         block_n, num_warps, num_stages: stage-1 tile (keys per iteration) and launch shape.
         k_scale, v_scale: float32 ``[num_slots, Hkv]`` when k_buf/v_buf hold FP8 e4m3 codes
             (:mod:`engine.kv.fp8`: per token-head scales); dequantised in registers.
-        fp8_dot: with FP8 codes, how the products run: 0 codes widened to q's dtype; 1 codes and q in
-            float16 (half precision's 10 mantissa bits hold every e4m3 code and bf16 q exactly only for
-            |q| < 65504); 2 q quantised to e4m3 per head and the scores an e4m3 ``tl.dot`` (CC 8.9+),
-            values in float16.
+            The products then run in float16 when q is bf16 or fp16: e4m3 widens to float16 in one
+            instruction per pair and every code is exact in it, as is a bf16 q (|q| < 65504), and it is
+            faster than widening to bf16 (results/diag_decode_tiles_h200.json); p times a value's scale is
+            rounded to float16 (10 mantissa bits, bf16 has 7). A float32 q keeps float32.
     Raises:
         ValueError: inconsistent head counts or ``fill_splits > max_splits``.
     """
@@ -226,7 +220,8 @@ def decode_attention(
         out.stride(0), out.stride(1),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         HEAD_DIM=dim, MIN_SPLIT=min_split_tokens, USE_TABLE=use_table, DOT_PREC=prec, DIRECT=direct,
-        KV_FP8=fp8, FP8_DOT=fp8_dot if fp8 else 0, num_warps=num_warps, num_stages=num_stages,
+        KV_FP8=fp8, WIDE=tl.float32 if q.dtype == torch.float32 else tl.float16, num_warps=num_warps,
+        num_stages=num_stages,
     )
     if direct:
         return out

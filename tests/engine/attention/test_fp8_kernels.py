@@ -22,7 +22,13 @@ import triton.language as tl
 
 from engine.attention.torch_ref import TorchReferenceBackend, reference_attention
 from engine.attention.triton_backend import TritonBackend
-from engine.attention.triton_ops import decode_attention, decode_splits_for_fill, extend_attention
+from engine.attention.triton_ops import (
+    DecodeTile,
+    decode_attention,
+    decode_splits_for_fill,
+    decode_tile,
+    extend_attention,
+)
 from engine.kv import KVDestination, KVPool, ReqToTokenTable, fp8
 from engine.ops import triton_rope
 from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
@@ -92,12 +98,6 @@ def test_fused_store_writes_the_references_codes_and_scales(dtype, rows, heads):
     assert not bool(pool.k[0].view(torch.uint8)[untouched].any()) and bool((pool.k_scale[0][untouched] == 1).all())
 
 
-# fp8_dot mode -> tolerance against the reference over the dequantised cache (None: the dtype's). Mode 1
-# rounds a float32 q (the interpreter cases) and p to float16 (a bf16 q is exact in it); mode 2 also
-# quantises q to e4m3 (3 mantissa bits: up to 2**-4 relative per element; 9% measured at head_dim 16).
-FP8_DOT_TOL = {0: None, 1: 5e-3, 2: 0.15}
-
-
 def _quantized_cache(lens, hkv, d, gen):
     k, v, table, rows = make_cache(lens, hkv, d, torch.bfloat16, gen)
     kc, ks = fp8.quantize(k * 3)  # a scale well away from 1
@@ -105,7 +105,7 @@ def _quantized_cache(lens, hkv, d, gen):
     return kc, ks, vc, vs, table, rows
 
 
-def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, fp8_dot=0, tol=None):
+def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block_n, **tile):
     gen = torch.Generator(device=DEV).manual_seed(len(lens) * 991 + hq)
     kc, ks, vc, vs, table, rows = _quantized_cache(lens, hkv, d, gen)
     q = torch.randn(len(lens), hq, d, generator=gen, device=DEV).to(dtype)
@@ -113,12 +113,12 @@ def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block
     seq = torch.tensor(lens, dtype=torch.int32, device=DEV)
     decode_attention(q, kc, vc, rows, seq, out, sm_scale=1 / math.sqrt(d), table=table, fill_splits=fill,
                      max_splits=max_splits, min_split_tokens=min_split, block_n=block_n, k_scale=ks, v_scale=vs,
-                     fp8_dot=fp8_dot)
+                     **tile)
     kd, vd = fp8.dequantize(kc, ks), fp8.dequantize(vc, vs)
     for i, n in enumerate(lens):
         kk, vv = seq_kv(kd, vd, table, i + 1, n)
         ref = reference_attention(q[i : i + 1], kk, vv, n - 1, 1 / math.sqrt(d))
-        assert rel_err(out[i : i + 1], ref) < (tol or TOL[dtype]), (i, n)
+        assert rel_err(out[i : i + 1], ref) < TOL[dtype], (i, n)
 
 
 def _extend_fp8_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows=None):
@@ -147,24 +147,21 @@ def _extend_fp8_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows=None
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run where CUDA is absent")
 def test_fp8_decode_and_extend_interpreter():
-    for mode, tol in FP8_DOT_TOL.items():
-        _decode_fp8_case([1, 5, 70, 300], 4, 2, 16, torch.float32, fill=4, max_splits=8, min_split=32, block_n=16,
-                         fp8_dot=mode, tol=tol)
-        _decode_fp8_case([33, 2, 129], 3, 3, 8, torch.float32, fill=1, max_splits=8, min_split=32, block_n=16,
-                         fp8_dot=mode, tol=tol)
+    _decode_fp8_case([1, 5, 70, 300], 4, 2, 16, torch.float32, fill=4, max_splits=8, min_split=32, block_n=16)
+    _decode_fp8_case([33, 2, 129], 3, 3, 8, torch.float32, fill=1, max_splits=8, min_split=32, block_n=16)
+    _decode_fp8_case([1, 5, 70, 300], 4, 2, 16, torch.float16, fill=4, max_splits=8, min_split=32, block_n=16)
     _extend_fp8_case([(0, 5), (69, 1), (260, 40), (0, 33)], 4, 2, 16, torch.float32, block_m=16, block_n=16)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("lens", [[35_000], [90_000], [1, 2, 63, 65, 257, 4096] + [1000 + 37 * i for i in range(40)]])
-@pytest.mark.parametrize("mode", sorted(FP8_DOT_TOL))
-def test_fp8_decode_gpu(lens, mode):
+@pytest.mark.parametrize("tile", [DecodeTile(), decode_tile(kv_fp8=True)])
+def test_fp8_decode_gpu(lens, tile):
     fill = decode_splits_for_fill(len(lens), 8, 64)
-    tol = max(FP8_DOT_TOL[mode] or 0, TOL[torch.bfloat16])
     for f in (fill, 1):
-        _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=f, max_splits=64, min_split=256, block_n=64,
-                         fp8_dot=mode, tol=tol)
+        _decode_fp8_case(lens, 16, 8, 128, torch.bfloat16, fill=f, max_splits=64, min_split=256,
+                         block_n=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)
 
 
 @pytest.mark.gpu
