@@ -1,11 +1,14 @@
 """``benchmarks/bench_baselines.py``'s transformers baselines on a tiny Qwen3 decoder: the static-cache loop
 (the compiled baseline's) gives the eager ``DynamicCache`` loop's greedy tokens on the same weights, so the
-static cache is filled and read where it should be; Dynamo captures its decode step whole, once."""
+static cache is filled and read where it should be; Dynamo captures its decode step whole, once. And how
+``bench_engine.py`` stores them."""
 
 from __future__ import annotations
 
 import json
 import sys
+from argparse import Namespace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import bench_baselines as bb
+import bench_engine
 
 from engine import EngineConfig
 from engine.loaders.moss_td import load_moss_td
@@ -89,3 +93,33 @@ def test_reduce_overhead_compile_on_cuda_gives_the_eager_tokens():
     torch._dynamo.reset()  # its CUDA-graph pool and compiled code stay out of later tests
     assert "mode='reduce-overhead'" in res.recipe and res.compile_s > 0 and res.ms_per_token > 0
     assert res.tokens == ref.tokens
+
+
+def test_bench_engine_stores_both_baselines_with_the_w_long_extrapolation(monkeypatch, cpu_model):
+    monkeypatch.setattr(bench_engine, "compiled_transformers_ms_per_token",
+                        partial(bb.compiled_transformers_ms_per_token, backend="eager"))
+    res: dict = {}
+    args = Namespace(probe_context=CONTEXT, naive_steps=3, compiled_steps=4)
+    assert bench_engine.transformers_baselines(res, args, lambda: cpu_model) == []
+    assert list(res) == ["naive_transformers", "compiled_transformers"]
+    for name, steps in (("naive_transformers", 3), ("compiled_transformers", 4)):
+        r = res[name]
+        assert (r["context"], r["steps"], "tokens" in r) == (CONTEXT, steps, False)
+        assert r["extrapolated_w_long_c1_s_per_request"] == pytest.approx(r["ms_per_token"] * 10.26)
+    assert res["compiled_transformers"]["compile_s"] > 0 and res["naive_transformers"]["compile_s"] is None
+
+
+def test_bench_engine_records_a_failing_baseline_and_skips_zero_steps(monkeypatch, cpu_model):
+    def broken(*_a, **_k):
+        raise RuntimeError("no graph")
+
+    monkeypatch.setattr(bench_engine, "compiled_transformers_ms_per_token", broken)
+    res: dict = {}
+    failed = bench_engine.transformers_baselines(res, Namespace(probe_context=CONTEXT, naive_steps=0,
+                                                                compiled_steps=2), lambda: cpu_model)
+    assert failed == ["compiled_transformers"]
+    assert res == {"compiled_transformers": {"error": "RuntimeError: no graph"}}
+    res = {}
+    assert bench_engine.transformers_baselines(res, Namespace(probe_context=CONTEXT, naive_steps=0,
+                                                              compiled_steps=0), lambda: 1 / 0) == []
+    assert res == {}
