@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_baselines as bb
 import bench_engine
 
-from engine import EngineConfig
+from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import load_moss_td
 
 # Small enough for a fast CPU step; init_std 0.5 keeps the random decoder's greedy tokens varied (at 0.05 it
@@ -41,8 +41,13 @@ def tiny_decoder(device: str) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def cpu_model():
-    return tiny_decoder("cpu")
+def engine():
+    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY, device="cpu", seed=0))
+
+
+@pytest.fixture(scope="module")
+def cpu_model(engine):
+    return engine.model
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,18 @@ def test_eager_reference_tokens_vary_with_the_prompt(cpu_model, eager_reference)
     assert len(set(eager_reference.tokens)) > 5  # varied: an equal sequence below means something
     other = bb.naive_transformers_ms_per_token(cpu_model, CONTEXT, 2, 1, device="cpu", seed=1)
     assert other.tokens != eager_reference.tokens[:4]
+
+
+def test_the_baselines_run_the_engines_decoder(engine, eager_reference):
+    # transformers' model built from the engine's weights decodes the engine's greedy tokens: the same model
+    # (rotary tables included), so the baselines and the engine are timed on one computation
+    seq = Sequence(prompt_ids=bb._prompt(1024, CONTEXT, 0, "cpu")[0].tolist(), max_new_tokens=1 + WARMUP + STEPS,
+                   ignore_eos=True)
+    seq.stop_checker = None
+    engine.submit(seq)
+    while not seq.finished:
+        engine.step()
+    assert seq.output_ids == eager_reference.tokens
 
 
 def test_static_cache_compiled_decode_gives_the_eager_dynamic_cache_tokens(cpu_model, eager_reference):
