@@ -7,8 +7,10 @@ Workloads (issue 8):
   w-long   38.0 min (2,280 s) audio, 10,260 output tokens; concurrency 1 (3 requests) and 16 (16 requests);
   w-90     one 90-minute request, 24,300 output tokens.
 Also: decode ms/step at batch 1 and ~35K context (wall per engine step, and GPU time of one graph replay),
-the naive transformers baseline on the same weights, and each workload's HBM limit from the copy bandwidth
-measured in the same run. Prints one JSON object (also written to ``--out``).
+two transformers baselines on the same weights at that context and batch 1 (the naive eager loop, and a
+static KV cache + ``torch.compile(mode="reduce-overhead")``: bench_baselines), and each workload's HBM limit
+from the copy bandwidth measured in the same run. Prints one JSON object (also written to ``--out``, after
+each stage).
 
 Run on the GPU machine:  python benchmarks/bench_engine.py --out benchmarks/results/engine_h200.json
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_baselines import (
+    compiled_transformers_ms_per_token,
     decoder_weight_bytes,
     hbm_limit_s,
     measure_copy_bandwidth,
@@ -317,7 +320,9 @@ def main() -> None:
     ap.add_argument("--kv-dtype", default="auto", help="EngineConfig.kv_dtype: auto (bf16) or fp8_e4m3")
     ap.add_argument("--probe-context", type=int, default=35_000)
     ap.add_argument("--probe-steps", type=int, default=200)
-    ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the transformers baseline")
+    ap.add_argument("--naive-steps", type=int, default=100, help="0 skips the eager transformers baseline")
+    ap.add_argument("--compiled-steps", type=int, default=100,
+                    help="0 skips the transformers static cache + torch.compile baseline")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--async-decode", action="store_true", default=None, help="EngineConfig.async_decode=True "
                     "(the engine's default on CUDA)")
@@ -372,20 +377,55 @@ def main() -> None:
         res["workloads"][name] = stats
         print(name, json.dumps(stats), flush=True)
     res["kv_pool_gib"] = kvb * engine.allocator.num_slots / (1 << 30)
-    if args.profile:
-        prof = decode_step_probe(engine, args.probe_context, args.probe_steps, True)
+    save = json_saver(res, args.out)
+    save()
+    # The baselines run after every engine measurement (the compiled one leaves Inductor's code and its CUDA
+    # graphs' pool in the process), and before the profiler, which must come last of all (above).
+    del engine
+    torch.cuda.empty_cache()
+    failed = transformers_baselines(res, args, make_engine_model_only)
+    save()
+    if args.profile:  # a fresh engine: the measured one made room for the baselines
+        prof = decode_step_probe(make_engine(args), args.probe_context, args.probe_steps, True)
         res["decode_probe"]["profile_top_device_us_per_step"] = prof["profile_top_device_us_per_step"]
-    if args.naive_steps:
-        del engine
-        torch.cuda.empty_cache()
-        loaded = make_engine_model_only()
-        res["naive_transformers"] = naive_transformers_ms_per_token(loaded, args.probe_context, args.naive_steps)
-        ms = res["naive_transformers"]["ms_per_token"]
-        res["naive_transformers"]["extrapolated_w_long_c1_s_per_request"] = ms * 10_260 / 1e3
     print(json.dumps(res, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1))
+    save()
+    if failed:
+        sys.exit(f"bench_engine: baseline(s) failed: {', '.join(failed)} (errors in the result)")
+
+
+def transformers_baselines(res: dict, args, load: Callable[[], torch.nn.Module]) -> list[str]:
+    """The transformers baselines at ``--probe-context``, batch 1, on the weights ``load()`` gives (the
+    engine's dummy weights: :func:`make_engine_model_only`), on their device: the naive eager loop
+    (``--naive-steps``), then static cache + ``torch.compile`` (``--compiled-steps``; 0 skips either), stored
+    as ``res["naive_transformers"]`` / ``res["compiled_transformers"]`` with the W-long c1 decode seconds per
+    request they extrapolate to. A baseline that raises is recorded as ``{"error": ...}`` (the engine's
+    figures are kept); returns the names of those that did."""
+    import traceback
+
+    runs = [(name, fn, steps) for name, fn, steps in (
+        ("naive_transformers", naive_transformers_ms_per_token, args.naive_steps),
+        ("compiled_transformers", compiled_transformers_ms_per_token, args.compiled_steps)) if steps]
+    if not runs:
+        return []
+    loaded = load()
+    device = str(loaded.lm_head.weight.device)
+    w_long_tokens = WORKLOADS["w-long-c1"][2]
+    failed = []
+    for name, fn, steps in runs:
+        try:
+            out = fn(loaded, args.probe_context, steps, device=device).to_json()
+            out["extrapolated_w_long_c1_s_per_request"] = out["ms_per_token"] * w_long_tokens / 1e3
+        except Exception as e:  # noqa: BLE001 - recorded in the result, the run goes on
+            traceback.print_exc()
+            out, failed = {"error": f"{type(e).__name__}: {e}"}, [*failed, name]
+        res[name] = out
+        print(name, json.dumps(out), flush=True)
+    del loaded
+    torch._dynamo.reset()  # the compiled decode's code and CUDA-graph pool go before anything else runs
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return failed
 
 
 def make_engine_model_only() -> torch.nn.Module:
