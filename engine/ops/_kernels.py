@@ -22,3 +22,11 @@ def rope_kernel() -> Callable:
     from engine.ops.triton_rope import qk_norm_rope
 
     return qk_norm_rope
+
+
+@functools.cache
+def fused_kernels() -> ModuleType:
+    """:mod:`engine.ops.triton_fused` (the GEMVs with a norm or SwiGLU prologue), imported once."""
+    from engine.ops import triton_fused
+
+    return triton_fused

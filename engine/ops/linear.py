@@ -1,5 +1,5 @@
-"""Linear layers: our Triton GEMV for one-token decoder steps, cuBLASLt's GELU epilogue for Whisper's
-encoder MLP, cuBLAS otherwise.
+"""Linear layers: our Triton GEMV for one-token decoder steps (optionally with the norm or SwiGLU before it
+folded in), cuBLASLt's GELU epilogue for Whisper's encoder MLP, cuBLAS otherwise.
 
 The GEMV beats cuBLAS at M = 1 on every Qwen3-0.6B matrix on an H200 but loses on the larger ones from
 M = 2 and on all of them from M = 4 (benchmarks/bench_decode_ops.py, results/decode_ops_h200.json), so only
@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.ops._kernels import kernels
+from engine.ops._kernels import fused_kernels, kernels
+from engine.ops.activation import silu_and_mul
+from engine.ops.norm import pre_rms_norm
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,14 @@ class LinearKernels:
         gemv_max_rows: most rows sent to the Triton GEMV (CUDA, half precision); 0 sends every product to
             cuBLAS (``EngineConfig.small_batch_gemv`` gives 1).
         fused_gelu_gemm: fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue (``EngineConfig.fused_gelu_gemm``).
+        fused_norm_gemv: products that take the GEMV fold the kernel before them into it: residual add +
+            RMSNorm into the q/k/v and gate/up GEMVs, SwiGLU into down's (:func:`add_rms_norm_linear`,
+            :func:`silu_mul_linear`; ``EngineConfig.fused_decode_gemv``). Acts only where the GEMV would run.
     """
 
     gemv_max_rows: int = 0
     fused_gelu_gemm: bool = False
+    fused_norm_gemv: bool = False
 
 
 REFERENCE = LinearKernels()
@@ -62,6 +68,46 @@ def linear(x: torch.Tensor, weight: torch.Tensor, choice: LinearKernels = REFERE
             and kernels().gemv_supported(x.shape[0], x.shape[1])):
         return kernels().gemv(x, weight)
     return F.linear(x, weight)
+
+
+def _takes_fused_gemv(x: torch.Tensor, weight: torch.Tensor, k: int, choice: LinearKernels) -> bool:
+    """Whether a product of ``x`` (``[M, ...]``, inner dim ``k``) runs as a fused GEMV: the GEMV would run
+    (:func:`linear`'s rule) and ``choice.fused_norm_gemv`` is on."""
+    return (choice.fused_norm_gemv and x.is_cuda and x.dim() == 2 and x.shape[0] <= choice.gemv_max_rows
+            and x.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and weight.stride(-1) == 1 and fused_kernels().fused_gemv_supported(x.shape[0], k))
+
+
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor,
+                        choice: LinearKernels = REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's entry: ``s = residual + x`` (``s = x`` when ``residual`` is None),
+    ``h = rms_norm(s)`` (:mod:`engine.ops.norm`'s rounding), then ``h @ weight.T``.
+
+    Args: ``x``, ``residual`` ``[T, H]`` same dtype; ``norm_weight`` ``[H]``; ``weight`` ``[N, H]``.
+    Returns: ``(h @ weight.T [T, N], s [T, H])``; ``s`` is the next residual. Inputs are not modified.
+    One Triton kernel (:func:`engine.ops.triton_fused.add_rms_norm_gemv`) where the GEMV would run and
+    ``choice.fused_norm_gemv`` is on; otherwise :func:`engine.ops.norm.pre_rms_norm` then :func:`linear`.
+    """
+    if _takes_fused_gemv(x, weight, x.shape[-1], choice) and norm_weight.dtype == x.dtype and (
+            residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)):
+        return fused_kernels().add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
+    h, s = pre_rms_norm(x, residual, norm_weight, eps)
+    return linear(h, weight, choice), s
+
+
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
+                    choice: LinearKernels = REFERENCE) -> torch.Tensor:
+    """SwiGLU then a product: ``silu(gate) * up`` (:func:`engine.ops.activation.silu_and_mul`'s rounding)
+    ``@ weight.T``. ``gate_up`` ``[T, 2I]`` = ``[gate | up]``, ``weight`` ``[N, I]`` -> ``[T, N]``.
+
+    One Triton kernel (:func:`engine.ops.triton_fused.silu_mul_gemv`) where the GEMV would run and
+    ``choice.fused_norm_gemv`` is on; otherwise :func:`silu_and_mul` then :func:`linear`.
+    Raises ValueError if the last dim is odd.
+    """
+    if gate_up.shape[-1] % 2 == 0 and _takes_fused_gemv(gate_up, weight, gate_up.shape[-1] // 2, choice):
+        return fused_kernels().silu_mul_gemv(gate_up, weight)
+    return linear(silu_and_mul(gate_up), weight, choice)
 
 
 _HAS_GELU_EPILOGUE = hasattr(torch, "_addmm_activation")  # private op (torch >= 1.13)

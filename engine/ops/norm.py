@@ -46,6 +46,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return rms_norm_reference(s, weight, eps), s
 
 
+def pre_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's input: :func:`add_rms_norm` of ``x`` and ``residual``, or, before the first block
+    (``residual`` None), ``(rms_norm(x), x)``. Returns ``(normed, next residual)``."""
+    if residual is None:
+        return rms_norm(x, weight, eps), x
+    return add_rms_norm(x, residual, weight, eps)
+
+
 def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                          eps: float) -> torch.Tensor:
     """``nn.LayerNorm`` over the last dim (Ba et al. 2016, "Layer Normalization"): ``x`` ``[..., H]``,

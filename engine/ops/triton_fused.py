@@ -1,0 +1,163 @@
+"""Triton GEMVs with the decoder's elementwise prologue folded in, for single-row (batch-1 decode) steps.
+
+At batch 1 a Qwen3 decoder layer was ten kernels, most of their non-bandwidth time per-kernel latency
+(``benchmarks/results/engine_h200.md``). These fold the kernel before a GEMV into the GEMV's programs:
+
+- :func:`add_rms_norm_gemv`: residual add + RMSNorm + ``h @ W.T`` (q/k/v and gate/up projections);
+- :func:`silu_mul_gemv`: SwiGLU + ``a @ W.T`` (down projection).
+
+Every program recomputes the part of the activation row it needs (the row is ~1-6K elements, read from
+L2), so no program waits on another and no second kernel runs; for the norm every program reduces the
+whole row. Rounding is that of the unfused chain, step by step: :func:`engine.ops.norm.rms_norm_reference`
+and :func:`engine.ops.activation.silu_and_mul_reference` (each intermediate the reference materialises
+in the dtype is rounded to it with ``_rnd``), then a float32 dot product as
+:func:`engine.ops.triton_kernels.gemv` sums it (chunks of ``KB``, in order). The outputs are rounded
+with ``_rnd`` too, so the interpreter (whose bf16 cast truncates) rounds them as the GPU does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.ops.triton_kernels import _rnd, gemv_tile
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.constexpr, KB: tl.constexpr,
+                      CHUNKS: tl.constexpr, BN: tl.constexpr, HAS_RES: tl.constexpr):
+    # H = CHUNKS x KB. The row statistics are those of _rms_norm_kernel (one HP block, the same reduction),
+    # so h is the unfused kernel's h; the chunks then read the row again (L1/L2) beside each weight chunk.
+    pid = tl.program_id(0)
+    dt = Out.dtype.element_ty
+    offs = tl.arange(0, HP)
+    mask = offs < CHUNKS * KB
+    s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        s = _rnd(s + tl.load(R + offs, mask=mask, other=0.0).to(tl.float32), dt)
+        if pid == 0:  # exactly one program writes the new residual stream
+            tl.store(ResOut + offs, s.to(dt), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / (CHUNKS * KB) + eps)
+    rn = pid * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KB)
+    nmask = rn < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        w = tl.load(W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :], mask=nmask[:, None],
+                    other=0.0).to(tl.float32)
+        xc = tl.load(X + c * KB + rk).to(tl.float32)
+        if HAS_RES:
+            xc = _rnd(xc + tl.load(R + c * KB + rk).to(tl.float32), dt)
+        nw = tl.load(NW + c * KB + rk).to(tl.float32)
+        h = _rnd(_rnd(xc * rstd, dt) * nw, dt)  # cast to the dtype, then times the weight in the dtype
+        acc += tl.sum(w * h[None, :], axis=1)
+    tl.store(Out + rn, _rnd(acc, dt).to(dt), mask=nmask)
+
+
+@triton.jit
+def _silu_mul_gemv_kernel(GU, W, Out, N, stride_wn, KB: tl.constexpr, CHUNKS: tl.constexpr,
+                          BN: tl.constexpr):
+    # I = CHUNKS x KB; gate_up = [gate | up], each I wide. Each program recomputes a = silu(gate) * up chunk
+    # by chunk beside the weight chunk it multiplies.
+    dt = Out.dtype.element_ty
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, KB)
+    nmask = rn < N
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for c in tl.static_range(CHUNKS):
+        w = tl.load(W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :], mask=nmask[:, None],
+                    other=0.0).to(tl.float32)
+        g = tl.load(GU + c * KB + rk).to(tl.float32)
+        u = tl.load(GU + CHUNKS * KB + c * KB + rk).to(tl.float32)
+        a = _rnd(_rnd(g / (1.0 + tl.exp(-g)), dt) * u, dt)  # silu rounded, times up in the dtype
+        acc += tl.sum(w * a[None, :], axis=1)
+    tl.store(Out + rn, _rnd(acc, dt).to(dt), mask=nmask)
+
+
+def fused_gemv_supported(m: int, k: int) -> bool:
+    """Shapes the fused GEMVs take: one row, and K a multiple of 64 (split into power-of-two chunks as
+    :func:`engine.ops.triton_kernels.gemv` splits it). Batch-1 decode is the only step they are for: at
+    more rows the GEMV itself stops paying (``engine.ops.linear``)."""
+    return m == 1 and k > 0 and k % 64 == 0
+
+
+def fused_gemv_tile(k: int) -> tuple[int, int]:
+    """(rows of ``W`` per program, warps) of the fused GEMVs: :func:`engine.ops.triton_kernels.gemv_tile`'s
+    until ``benchmarks/bench_decode_fusions.py``'s tile sweep says otherwise (more rows per program
+    recompute the prologue fewer times; fewer keep more loads in flight)."""
+    return gemv_tile(k)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, k: int, what: str) -> None:
+    if (x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != k or x.stride(-1) != 1
+            or weight.stride(-1) != 1 or weight.dtype != x.dtype or x.dtype not in _HALF
+            or not fused_gemv_supported(x.shape[0], k)):
+        raise ValueError(f"{what}: x {tuple(x.shape)} {x.dtype} vs weight {tuple(weight.shape)} "
+                         f"{weight.dtype}: needs one half-precision row, unit last strides, K = {k} a "
+                         "multiple of 64")
+
+
+def _grid_tile(k: int, n: int, block_n: int | None, num_warps: int | None) -> tuple[tuple[int], int, int, int]:
+    kb = min(k & -k, 1024)
+    tile = fused_gemv_tile(k)
+    bn, warps = block_n or tile[0], num_warps or tile[1]
+    return (triton.cdiv(n, bn),), kb, bn, warps
+
+
+def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, block_n: int | None = None,
+                      num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = residual + x`` (rounded to the dtype; ``s = x`` when ``residual`` is None), ``h = rms_norm(s)``
+    (rounded as :func:`engine.ops.norm.rms_norm_reference`), then ``h @ weight.T`` (float32 accumulation)
+    in one kernel.
+
+    Args: ``x``, ``residual`` ``[1, H]``; ``norm_weight`` ``[H]``; ``weight`` ``[N, H]``; all bf16 or all
+    float16, unit last strides, H a multiple of 64. ``block_n`` / ``num_warps`` override
+    :func:`fused_gemv_tile` (for tuning).
+    Returns: ``(h @ weight.T [1, N], s [1, H])``; ``s`` is the next residual (``x`` itself without a
+    residual). Inputs are not modified.
+    Raises ValueError for shapes outside :func:`fused_gemv_supported` or mismatched layouts/dtypes.
+    """
+    h = x.shape[-1]
+    _check(x, weight, h, "add_rms_norm_gemv")
+    if norm_weight.shape != (h,) or norm_weight.dtype != x.dtype or norm_weight.stride(-1) != 1:
+        raise ValueError(f"add_rms_norm_gemv: norm weight {tuple(norm_weight.shape)} {norm_weight.dtype} "
+                         f"does not fit x {tuple(x.shape)} {x.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.stride(-1) != 1):
+        raise ValueError(f"add_rms_norm_gemv: residual {tuple(residual.shape)} {residual.dtype} does not "
+                         f"match x {tuple(x.shape)} {x.dtype}")
+    n = weight.shape[0]
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x
+    grid, kb, bn, warps = _grid_tile(h, n, block_n, num_warps)
+    _norm_gemv_kernel[grid](x, residual if residual is not None else x, norm_weight, weight, out, res_out, n,
+                            eps, weight.stride(0), HP=triton.next_power_of_2(h), KB=kb, CHUNKS=h // kb, BN=bn,
+                            HAS_RES=residual is not None, num_warps=warps)
+    return out, res_out
+
+
+def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,
+                  num_warps: int | None = None) -> torch.Tensor:
+    """``a = silu(gate) * up`` (rounded as :func:`engine.ops.activation.silu_and_mul_reference`) then
+    ``a @ weight.T`` (float32 accumulation) in one kernel.
+
+    Args: ``gate_up`` ``[1, 2I]`` = ``[gate | up]``; ``weight`` ``[N, I]``; both bf16 or both float16, unit
+    last strides, I a multiple of 64. ``block_n`` / ``num_warps`` override :func:`fused_gemv_tile`.
+    Returns: ``[1, N]`` in the input dtype.
+    Raises ValueError for an odd last dim, shapes outside :func:`fused_gemv_supported` or mismatched
+    layouts/dtypes.
+    """
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"silu_mul_gemv: gate_up's last dim must be even, got {gate_up.shape[-1]}")
+    k = gate_up.shape[-1] // 2
+    _check(gate_up, weight, k, "silu_mul_gemv")
+    n = weight.shape[0]
+    out = torch.empty((1, n), dtype=gate_up.dtype, device=gate_up.device)
+    grid, kb, bn, warps = _grid_tile(k, n, block_n, num_warps)
+    _silu_mul_gemv_kernel[grid](gate_up, weight, out, n, weight.stride(0), KB=kb, CHUNKS=k // kb, BN=bn,
+                                num_warps=warps)
+    return out

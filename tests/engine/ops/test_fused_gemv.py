@@ -1,0 +1,223 @@
+"""GEMVs with a folded-in prologue (engine/ops/triton_fused.py) vs the unfused chain they replace.
+
+Without CUDA the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set before the kernels
+are decorated, as in test_fused_ops.py) at small ragged shapes; with CUDA compiled, at Qwen3-0.6B's shapes
+too. The oracle is the chain of torch references (:func:`rms_norm_reference` / :func:`silu_and_mul_reference`
+rounding every intermediate to the dtype) followed by an exact (float64) product rounded once: the fused
+kernel's float32 sum may land one step (ulp) away from that on a few elements, no more. The new residual
+must be bit for bit the unfused ``residual + x``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # read when the kernels are decorated, i.e. when triton_fused is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+
+from engine.ops import linear as ops_linear
+from engine.ops import triton_fused as tf
+from engine.ops import triton_kernels as tk
+from engine.ops.activation import silu_and_mul_reference
+from engine.ops.linear import LinearKernels, add_rms_norm_linear, silu_mul_linear
+from engine.ops.norm import rms_norm_reference
+
+if not CUDA:
+    from triton.runtime import interpreter as _interp
+
+    if not isinstance(tf._norm_gemv_kernel, _interp.InterpretedFunction):
+        pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
+
+DEV = torch.device("cuda" if CUDA else "cpu")
+HALF = [torch.bfloat16, torch.float16]
+MANTISSA = {torch.bfloat16: 7, torch.float16: 10}
+FUSED = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True)
+UNFUSED = LinearKernels(gemv_max_rows=1)
+
+
+def _rand(*shape, dtype, gen, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(DEV, dtype)
+
+
+def _ulps(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|out - ref| in steps of the dtype at the larger of the two magnitudes."""
+    big = torch.maximum(out.double().abs(), ref.double().abs()).clamp_min(1e-30)
+    _, exp = torch.frexp(big)
+    step = torch.ldexp(torch.ones_like(big), exp - 1 - MANTISSA[ref.dtype])
+    return (out.double() - ref.double()).abs() / step
+
+
+def _assert_one_step(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert out.dtype == ref.dtype and out.shape == ref.shape and torch.isfinite(out).all()
+    ulps = _ulps(out, ref)
+    assert float(ulps.max()) <= 1.0, float(ulps.max())
+    assert float((ulps > 0).double().mean()) <= 0.1, float((ulps > 0).double().mean())
+
+
+def _exact_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (h.double() @ w.double().T).to(h.dtype)
+
+
+NORM_SHAPES = [(64, 8), (192, 40), (1024, 40)] + ([(1024, 4096), (1024, 6144)] if CUDA else [])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize("shape", NORM_SHAPES)  # (H, N): ragged, then Qwen3-0.6B's qkv and gate_up
+def test_add_rms_norm_gemv_matches_the_unfused_chain(dtype, with_residual, shape):
+    hidden, n = shape
+    g = torch.Generator().manual_seed(hidden * 7 + n + with_residual)
+    x, r = _rand(1, hidden, dtype=dtype, gen=g, scale=3.0), _rand(1, hidden, dtype=dtype, gen=g)
+    nw = _rand(hidden, dtype=dtype, gen=g) + 1.0
+    w = _rand(n, hidden, dtype=dtype, gen=g, scale=0.05)
+    residual = r if with_residual else None
+    out, s = tf.add_rms_norm_gemv(x, residual, nw, 1e-6, w)
+    ref_s = r + x if with_residual else x
+    assert torch.equal(s, ref_s)
+    _assert_one_step(out, _exact_product(rms_norm_reference(ref_s, nw, 1e-6), w))
+    # other tiles (a partial last program at N = 40 / 16) compute the same sums in the same order
+    if n <= 64:
+        for bn, warps in ((1, 1), (4, 2), (16, 4)):
+            tiled, s2 = tf.add_rms_norm_gemv(x, residual, nw, 1e-6, w, block_n=bn, num_warps=warps)
+            assert torch.equal(s2, ref_s)
+            _assert_one_step(tiled, out)
+
+
+SWIGLU_SHAPES = [(64, 8), (192, 40), (3072, 24)] + ([(3072, 1024)] if CUDA else [])
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", SWIGLU_SHAPES)  # (I, N): ragged, then Qwen3-0.6B's down_proj
+def test_silu_mul_gemv_matches_the_unfused_chain(dtype, shape):
+    inter, n = shape
+    g = torch.Generator().manual_seed(inter + n)
+    gu = _rand(1, 2 * inter, dtype=dtype, gen=g, scale=3.0)
+    w = _rand(n, inter, dtype=dtype, gen=g, scale=0.05)
+    out = tf.silu_mul_gemv(gu, w)
+    _assert_one_step(out, _exact_product(silu_and_mul_reference(gu), w))
+    if n <= 64:
+        _assert_one_step(tf.silu_mul_gemv(gu, w, block_n=16, num_warps=2), out)
+
+
+def test_bad_shapes_and_layouts_raise():
+    x = torch.zeros(1, 64, dtype=torch.bfloat16, device=DEV)
+    w = torch.zeros(8, 64, dtype=torch.bfloat16, device=DEV)
+    nw = torch.ones(64, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match="one half-precision row"):
+        tf.add_rms_norm_gemv(torch.zeros(2, 64, dtype=torch.bfloat16, device=DEV), None, nw, 1e-6, w)
+    with pytest.raises(ValueError, match="one half-precision row"):
+        tf.add_rms_norm_gemv(x.float(), None, nw.float(), 1e-6, w.float())
+    with pytest.raises(ValueError, match="norm weight"):
+        tf.add_rms_norm_gemv(x, None, nw[:32], 1e-6, w)
+    with pytest.raises(ValueError, match="residual"):
+        tf.add_rms_norm_gemv(x, x.half(), nw, 1e-6, w)
+    with pytest.raises(ValueError, match="even"):
+        tf.silu_mul_gemv(torch.zeros(1, 129, dtype=torch.bfloat16, device=DEV), w)
+    with pytest.raises(ValueError, match="K = 32"):
+        tf.silu_mul_gemv(x, w)  # I = 32 is not a multiple of 64
+    assert tf.fused_gemv_supported(1, 1024) and not tf.fused_gemv_supported(2, 1024)
+    assert not tf.fused_gemv_supported(1, 96) and tf.fused_gemv_tile(1024) == tk.gemv_tile(1024)
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the fused kernels' launches through the dispatch (which looks them up on the module)."""
+    calls = []
+    for name in ("add_rms_norm_gemv", "silu_mul_gemv"):
+        real = getattr(tf, name)
+        monkeypatch.setattr(tf, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    return calls
+
+
+def _dispatch_both(x, r, nw, w_in, gu, w_down, choice):
+    return add_rms_norm_linear(x, r, nw, 1e-6, w_in, choice), silu_mul_linear(gu, w_down, choice)
+
+
+def test_cpu_dispatch_is_the_unfused_chain(fused_calls):
+    """CPU tensors never reach a kernel, whatever the choice: the exact reference chain (float32 here, as
+    the CPU engine runs, and bf16)."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, r = torch.randn(1, 64, generator=g).to(dtype), torch.randn(1, 64, generator=g).to(dtype)
+        nw, w = torch.randn(64, generator=g).to(dtype), torch.randn(16, 64, generator=g).to(dtype)
+        gu, wd = torch.randn(1, 128, generator=g).to(dtype), torch.randn(8, 64, generator=g).to(dtype)
+        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
+        assert torch.equal(s, r + x)
+        assert torch.equal(y, torch.nn.functional.linear(rms_norm_reference(r + x, nw, 1e-6), w))
+        assert torch.equal(down, torch.nn.functional.linear(silu_and_mul_reference(gu), wd))
+        y0, s0 = add_rms_norm_linear(x, None, nw, 1e-6, w, FUSED)
+        assert s0 is x and torch.equal(y0, torch.nn.functional.linear(rms_norm_reference(x, nw, 1e-6), w))
+    assert fused_calls == []
+
+
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_gpu_dispatch_fused_equals_unfused_at_qwen3_shapes(fused_calls, dtype, with_residual):
+    """Qwen3-0.6B's qkv (4096 x 1024), gate_up (6144 x 1024) and down (1024 x 3072) at one row: the fused
+    dispatch against the unfused one (our add + RMSNorm and SwiGLU kernels, then the GEMV)."""
+    g = torch.Generator().manual_seed(11)
+    x, r = _rand(1, 1024, dtype=dtype, gen=g, scale=3.0), _rand(1, 1024, dtype=dtype, gen=g)
+    nw = _rand(1024, dtype=dtype, gen=g) + 1.0
+    r = r if with_residual else None
+    gu = _rand(1, 6144, dtype=dtype, gen=g, scale=3.0)
+    wd = _rand(1024, 3072, dtype=dtype, gen=g, scale=0.03)
+    for n in (4096, 6144):
+        w = _rand(n, 1024, dtype=dtype, gen=g, scale=0.05)
+        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
+        (y_ref, s_ref), down_ref = _dispatch_both(x, r, nw, w, gu, wd, UNFUSED)
+        assert torch.equal(s, s_ref)
+        _assert_one_step(y, y_ref)
+        _assert_one_step(down, down_ref)
+    assert fused_calls == ["add_rms_norm_gemv", "silu_mul_gemv"] * 2
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_dispatch_falls_back_beyond_the_gemv_rows(fused_calls):
+    """Two rows (a prompt, or batch 2) and float32 take the unfused chain even with the fusion on."""
+    g = torch.Generator().manual_seed(12)
+    for rows, dtype in ((2, torch.bfloat16), (1, torch.float32)):
+        x, r = _rand(rows, 256, dtype=dtype, gen=g), _rand(rows, 256, dtype=dtype, gen=g)
+        nw, w = _rand(256, dtype=dtype, gen=g), _rand(64, 256, dtype=dtype, gen=g)
+        gu, wd = _rand(rows, 512, dtype=dtype, gen=g), _rand(64, 256, dtype=dtype, gen=g)
+        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
+        (y_ref, s_ref), down_ref = _dispatch_both(x, r, nw, w, gu, wd, UNFUSED)
+        assert torch.equal(y, y_ref) and torch.equal(s, s_ref) and torch.equal(down, down_ref)
+    assert fused_calls == []
+    assert ops_linear.REFERENCE.fused_norm_gemv is False
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_engine_greedy_tokens_equal_with_and_without_fusion(fused_calls):
+    """The tiny MOSS-TD decoder in bf16 on the GPU (graphs, async decode): greedy tokens with the fused
+    decode GEMVs are those without them, and the fused kernels did run."""
+    from engine import Engine, EngineConfig, Sequence
+    from tests.engine.test_async_decode import TINY
+
+    outs = {}
+    for fused in (False, True):
+        eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY, device="cuda",
+                                  dtype="bfloat16", fused_decode_gemv=fused, kv_budget_bytes=32 << 20,
+                                  max_running_requests=8, seed=7))
+        assert eng.config.small_batch_gemv and eng.config.fused_decode_gemv is fused
+        gen = torch.Generator().manual_seed(0)
+        seqs = [Sequence(prompt_ids=torch.randint(0, 512, (int(n),), generator=gen).tolist(), max_new_tokens=24,
+                         ignore_eos=True) for n in (5, 40, 77)]
+        for s in seqs:  # one at a time: batch-1 decode steps are the ones the fusion changes
+            eng.generate([s])
+        outs[fused] = [s.output_ids for s in seqs]
+        # batch-1 steps (graph capture, eager warm-up) went through the fused kernels, or never
+        assert set(fused_calls) == ({"add_rms_norm_gemv", "silu_mul_gemv"} if fused else set())
+        fused_calls.clear()
+    assert all(len(o) == 24 for o in outs[True]) and outs[True] == outs[False]
