@@ -91,6 +91,10 @@ class EngineConfig:
         small_batch_gemv: single-token steps (decode at batch 1) run the decoder's matrix products through
             our Triton GEMV (:mod:`engine.ops.linear`; CUDA, half precision) instead of cuBLAS (faster at
             M = 1 only: benchmarks/results/decode_ops_h200.json). ``None``: on for CUDA. Per engine.
+        fused_decode_gemv: where that GEMV runs, fold the kernel before it into it: the residual add +
+            RMSNorm into the q/k/v and gate/up GEMVs, SwiGLU into the down projection's
+            (:mod:`engine.ops.triton_fused`; three kernels fewer per decoder layer at batch 1, same rounding
+            as the unfused chain). Needs ``small_batch_gemv``. ``None``: on for CUDA. Per engine.
         fused_gelu_gemm: Whisper encoder MLPs run fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue
             (tanh form; :func:`engine.ops.linear.linear_gelu` states the error) instead of a GEMM and an
             exact GELU pass (CUDA, half precision). ``None``: on for CUDA. Per engine.
@@ -142,6 +146,7 @@ class EngineConfig:
     prefill_graph_max_items: int = 32
     async_decode: bool | None = None
     small_batch_gemv: bool | None = None
+    fused_decode_gemv: bool | None = None
     fused_gelu_gemm: bool | None = None
     extend_large_tile_min_tokens: int = 2048
     decode_single_split_programs_per_sm: int = 2

@@ -55,7 +55,8 @@ class Engine:
         self.loaded = loaded or load_model(cfg)
         self.model = self.loaded.model
         set_linear_kernels(self.model, LinearKernels(gemv_max_rows=1 if cfg.small_batch_gemv else 0,
-                                                     fused_gelu_gemm=bool(cfg.fused_gelu_gemm)))
+                                                     fused_gelu_gemm=bool(cfg.fused_gelu_gemm),
+                                                     fused_norm_gemv=bool(cfg.fused_decode_gemv)))
         self.tokenizer = self.loaded.tokenizer
         self.dtype = next(self.model.parameters()).dtype
         self.max_context = min(cfg.max_context or self.model.max_context, self.model.max_context)

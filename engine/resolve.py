@@ -162,6 +162,7 @@ def resolve_config(cfg: EngineConfig) -> EngineConfig:
         cfg, dtype=dtype, attention_backend=backend,
         async_decode=cfg.async_decode if cfg.async_decode is not None else cuda,
         small_batch_gemv=cfg.small_batch_gemv if cfg.small_batch_gemv is not None else cuda,
+        fused_decode_gemv=cfg.fused_decode_gemv if cfg.fused_decode_gemv is not None else cuda,
         fused_gelu_gemm=cfg.fused_gelu_gemm if cfg.fused_gelu_gemm is not None else cuda,
         cuda_graph_max_bs=cfg.cuda_graph_max_bs if cuda and supports_cuda_graphs(backend) else 0,
         encoder_stream=cfg.encoder_stream and cuda, priority_stream=cfg.priority_stream and cuda,
@@ -197,7 +198,7 @@ def describe(cfg: EngineConfig) -> dict:
     """The resolved choices users ask about (``/stats``, the startup log line): dtype, backend, graphs,
     async decode, encoder stage, kernel choices, limits."""
     keys = ("device", "dtype", "kv_dtype", "attention_backend", "cuda_graph_max_bs", "prefill_graph_tokens", "async_decode",
-            "small_batch_gemv", "fused_gelu_gemm", "extend_large_tile_min_tokens",
+            "small_batch_gemv", "fused_decode_gemv", "fused_gelu_gemm", "extend_large_tile_min_tokens",
             "decode_single_split_programs_per_sm", "encoder_stream", "priority_stream", "encoder_graph_buckets",
             "encoder_cache_entries", "encoder_compile", "chunk_size", "max_running_requests", "admission_limits")
     out = {k: getattr(cfg, k) for k in keys}

@@ -17,8 +17,9 @@ from torch import nn
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.models.fused_weights import Fusable as _Fusable
 from engine.models.fused_weights import fuse_linears
-from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
-from engine.ops.linear import UsesLinearKernels, linear
+from engine.ops import add_rms_norm, qk_norm_rope, rms_norm
+from engine.ops.linear import UsesLinearKernels, add_rms_norm_linear, linear, silu_mul_linear
+from engine.ops.norm import pre_rms_norm
 from engine.ops.rotary import RotaryTable, apply_rotary, rotary_cos_sin
 
 __all__ = ["Qwen3Config", "Qwen3ForCausalLM", "Qwen3Model", "apply_rotary", "rotary_cos_sin"]
@@ -90,16 +91,22 @@ class Qwen3Attention(_Fusable, UsesLinearKernels):
     def fuse_projections(self) -> None:
         self.qkv_weight = fuse_linears([self.q_proj, self.k_proj, self.v_proj])[0]
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+    def project(self, x: torch.Tensor, residual: torch.Tensor | None,
+                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input norm and q/k/v projection: ``(qkv [T, (Hq + 2 Hkv) D], next residual)``; see
+        :func:`engine.ops.linear.add_rms_norm_linear` (one kernel at batch-1 decode when fused)."""
         if self.qkv_weight is not None:
-            qkv = linear(x, self.qkv_weight, self.linear_kernels)
-        else:
-            qkv = torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
+            return add_rms_norm_linear(x, residual, norm.weight, norm.eps, self.qkv_weight, self.linear_kernels)
+        h, residual = pre_rms_norm(x, residual, norm.weight, norm.eps)
+        return torch.cat((self.q_proj(h), self.k_proj(h), self.v_proj(h)), dim=-1), residual
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """q/k RMSNorm + rotary (K/V stored to the pool), attention, ``o_proj``: ``[T, hidden]``."""
         dest = attn.kv_destination(self.index)
         q, k, v = qk_norm_rope(qkv, positions, self.rope, self.q_norm.weight, self.k_norm.weight,
                                self.hq, self.hkv, self.eps, kv_dest=dest)
         out = attn.forward(self.index, q, k, v, kv_stored=dest is not None)
-        return linear(out.reshape(x.shape[0], self.hq * self.d), self.o_proj.weight, self.linear_kernels)
+        return linear(out.reshape(qkv.shape[0], self.hq * self.d), self.o_proj.weight, self.linear_kernels)
 
 
 class Qwen3MLP(_Fusable, UsesLinearKernels):
@@ -115,12 +122,18 @@ class Qwen3MLP(_Fusable, UsesLinearKernels):
     def fuse_projections(self) -> None:
         self.gate_up_weight = fuse_linears([self.gate_proj, self.up_proj])[0]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor, residual: torch.Tensor,
+                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention add + norm and the gate/up projection: ``(gate_up [T, 2I], next residual)``."""
         if self.gate_up_weight is not None:
-            gate_up = linear(x, self.gate_up_weight, self.linear_kernels)
-        else:
-            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        return linear(silu_and_mul(gate_up), self.down_proj.weight, self.linear_kernels)
+            return add_rms_norm_linear(x, residual, norm.weight, norm.eps, self.gate_up_weight,
+                                       self.linear_kernels)
+        h, residual = pre_rms_norm(x, residual, norm.weight, norm.eps)
+        return torch.cat((self.gate_proj(h), self.up_proj(h)), dim=-1), residual
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SwiGLU and ``down_proj``: ``[T, hidden]`` (one kernel at batch-1 decode when fused)."""
+        return silu_mul_linear(gate_up, self.down_proj.weight, self.linear_kernels)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -134,15 +147,12 @@ class Qwen3DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual)``. The residual stream is added at the next norm (fused add + norm),
-        which rounds exactly as HF's ``x = x + block(norm(x))``."""
-        eps = self.input_layernorm.eps
-        if residual is None:
-            h, residual = rms_norm(x, self.input_layernorm.weight, eps), x
-        else:
-            h, residual = add_rms_norm(x, residual, self.input_layernorm.weight, eps)
-        h = self.self_attn(h, positions, attn)
-        h, residual = add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
-        return self.mlp(h), residual
+        which rounds exactly as HF's ``x = x + block(norm(x))``; with ``LinearKernels.fused_norm_gemv`` a
+        batch-1 step also folds each add + norm into the q/k/v or gate/up GEMV and SwiGLU into down's."""
+        qkv, residual = self.self_attn.project(x, residual, self.input_layernorm)
+        h = self.self_attn.attend(qkv, positions, attn)
+        gate_up, residual = self.mlp.project(h, residual, self.post_attention_layernorm)
+        return self.mlp.down(gate_up), residual
 
 
 class Qwen3Model(nn.Module):

@@ -18,6 +18,7 @@ def test_cpu_defaults_are_the_reference_path():
     cfg = resolve_config(EngineConfig(model="whisper", load_format="dummy"))
     assert (cfg.dtype, cfg.attention_backend, cfg.async_decode) == ("float32", "torch", False)
     assert cfg.cuda_graph_max_bs == 0 and not cfg.small_batch_gemv and not cfg.fused_gelu_gemm
+    assert cfg.fused_decode_gemv is False
     assert not cfg.encoder_stream and not cfg.priority_stream
 
 
