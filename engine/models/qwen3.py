@@ -17,8 +17,8 @@ from torch import nn
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.models.fused_weights import Fusable as _Fusable
 from engine.models.fused_weights import fuse_linears
-from engine.ops import add_rms_norm, qk_norm_rope, rms_norm
-from engine.ops.linear import UsesLinearKernels, add_rms_norm_linear, linear, silu_mul_linear
+from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
+from engine.ops.linear import UsesLinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp, linear
 from engine.ops.norm import pre_rms_norm
 from engine.ops.rotary import RotaryTable, apply_rotary, rotary_cos_sin
 
@@ -122,18 +122,15 @@ class Qwen3MLP(_Fusable, UsesLinearKernels):
     def fuse_projections(self) -> None:
         self.gate_up_weight = fuse_linears([self.gate_proj, self.up_proj])[0]
 
-    def project(self, x: torch.Tensor, residual: torch.Tensor,
-                norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-        """The post-attention add + norm and the gate/up projection: ``(gate_up [T, 2I], next residual)``."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention add + ``norm``, gate/up, SwiGLU and down: ``(out [T, hidden], next residual)``
+        (:func:`engine.ops.linear.add_rms_norm_swiglu_mlp`: two kernels at batch-1 decode when fused)."""
         if self.gate_up_weight is not None:
-            return add_rms_norm_linear(x, residual, norm.weight, norm.eps, self.gate_up_weight,
-                                       self.linear_kernels)
+            return add_rms_norm_swiglu_mlp(x, residual, norm.weight, norm.eps, self.gate_up_weight,
+                                           self.down_proj.weight, self.linear_kernels)
         h, residual = pre_rms_norm(x, residual, norm.weight, norm.eps)
-        return torch.cat((self.gate_proj(h), self.up_proj(h)), dim=-1), residual
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """SwiGLU and ``down_proj``: ``[T, hidden]`` (one kernel at batch-1 decode when fused)."""
-        return silu_mul_linear(gate_up, self.down_proj.weight, self.linear_kernels)
+        gate_up = torch.cat((self.gate_proj(h), self.up_proj(h)), dim=-1)
+        return linear(silu_and_mul(gate_up), self.down_proj.weight, self.linear_kernels), residual
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -148,11 +145,11 @@ class Qwen3DecoderLayer(nn.Module):
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual)``. The residual stream is added at the next norm (fused add + norm),
         which rounds exactly as HF's ``x = x + block(norm(x))``; with ``LinearKernels.fused_norm_gemv`` a
-        batch-1 step also folds each add + norm into the q/k/v or gate/up GEMV and SwiGLU into down's."""
+        batch-1 step also folds each add + norm into the q/k/v or gate/up GEMV, and SwiGLU into one of the
+        MLP's GEMVs."""
         qkv, residual = self.self_attn.project(x, residual, self.input_layernorm)
         h = self.self_attn.attend(qkv, positions, attn)
-        gate_up, residual = self.mlp.project(h, residual, self.post_attention_layernorm)
-        return self.mlp.down(gate_up), residual
+        return self.mlp(h, residual, self.post_attention_layernorm)
 
 
 class Qwen3Model(nn.Module):

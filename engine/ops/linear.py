@@ -34,11 +34,15 @@ class LinearKernels:
         fused_norm_gemv: products that take the GEMV fold the kernel before them into it: residual add +
             RMSNorm into the q/k/v and gate/up GEMVs, SwiGLU into down's (:func:`add_rms_norm_linear`,
             :func:`silu_mul_linear`; ``EngineConfig.fused_decode_gemv``). Acts only where the GEMV would run.
+        swiglu_epilogue: with ``fused_norm_gemv``, :func:`add_rms_norm_swiglu_mlp` applies SwiGLU in the
+            gate/up GEMV's epilogue instead of down's prologue (no recomputation; the choice is
+            ``benchmarks/bench_decode_fusions.py``'s ``swiglu_placement``).
     """
 
     gemv_max_rows: int = 0
     fused_gelu_gemm: bool = False
     fused_norm_gemv: bool = False
+    swiglu_epilogue: bool = False
 
 
 REFERENCE = LinearKernels()
@@ -139,3 +143,21 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
         return y.view(*x.shape[:-1], weight.shape[0])
     return linear_gelu_reference(x, weight, bias)
+
+
+def add_rms_norm_swiglu_mlp(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                            gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
+                            choice: LinearKernels = REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
+    """A SwiGLU MLP block with its pre-norm: ``s = residual + x``, ``gate_up = rms_norm(s) @ gate_up_weight.T``
+    (``[gate | up]``, ``[2I, H]``), ``out = (silu(gate) * up) @ down_weight.T`` (``[H, I]``).
+
+    Returns ``(out [T, H], s [T, H])``. At batch-1 decode with ``choice.fused_norm_gemv`` two kernels: SwiGLU
+    in the gate/up kernel's epilogue (``choice.swiglu_epilogue``) or in down's prologue; otherwise the
+    unfused chain (:func:`add_rms_norm_linear`, :func:`silu_mul_linear`), same rounding either way.
+    """
+    if choice.swiglu_epilogue and _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
+            norm_weight.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1):
+        a, s = fused_kernels().add_rms_norm_gemv_swiglu(x, residual, norm_weight, eps, gate_up_weight)
+        return linear(a, down_weight, choice), s
+    gate_up, s = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up_weight, choice)
+    return silu_mul_linear(gate_up, down_weight, choice), s

@@ -4,7 +4,9 @@ At batch 1 a Qwen3 decoder layer was ten kernels, most of their non-bandwidth ti
 (``benchmarks/results/engine_h200.md``). These fold the kernel before a GEMV into the GEMV's programs:
 
 - :func:`add_rms_norm_gemv`: residual add + RMSNorm + ``h @ W.T`` (q/k/v and gate/up projections);
-- :func:`silu_mul_gemv`: SwiGLU + ``a @ W.T`` (down projection).
+- :func:`silu_mul_gemv`: SwiGLU + ``a @ W.T`` (down projection);
+- :func:`add_rms_norm_gemv_swiglu`: residual add + RMSNorm + gate/up GEMV + SwiGLU as its epilogue (the
+  other place SwiGLU can go: each program owns matching gate and up rows, so nothing is recomputed).
 
 Every program recomputes the part of the activation row it needs (the row is ~1-6K elements, read from
 L2), so no program waits on another and no second kernel runs; for the norm every program reduces the
@@ -28,9 +30,11 @@ _HALF = (torch.bfloat16, torch.float16)
 
 @triton.jit
 def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.constexpr, KB: tl.constexpr,
-                      CHUNKS: tl.constexpr, BN: tl.constexpr, HAS_RES: tl.constexpr):
+                      CHUNKS: tl.constexpr, BN: tl.constexpr, HAS_RES: tl.constexpr, GLU: tl.constexpr):
     # H = CHUNKS x KB. The row statistics are those of _rms_norm_kernel (one HP block, the same reduction),
     # so h is the unfused kernel's h; the chunks then read the row again (L1/L2) beside each weight chunk.
+    # GLU: W is [gate | up] (2N rows); the program takes gate rows rn and up rows N + rn and writes
+    # silu(gate) * up, rounded as gate_up's GEMV output and then silu_and_mul_reference round it.
     pid = tl.program_id(0)
     dt = Out.dtype.element_ty
     offs = tl.arange(0, HP)
@@ -45,16 +49,26 @@ def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.conste
     rk = tl.arange(0, KB)
     nmask = rn < N
     acc = tl.zeros((BN,), dtype=tl.float32)
+    acc_up = tl.zeros((BN,), dtype=tl.float32)
     for c in tl.static_range(CHUNKS):
-        w = tl.load(W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :], mask=nmask[:, None],
-                    other=0.0).to(tl.float32)
+        wp = W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :]
+        w = tl.load(wp, mask=nmask[:, None], other=0.0).to(tl.float32)
+        if GLU:
+            w_up = tl.load(wp + N * stride_wn, mask=nmask[:, None], other=0.0).to(tl.float32)
         xc = tl.load(X + c * KB + rk).to(tl.float32)
         if HAS_RES:
             xc = _rnd(xc + tl.load(R + c * KB + rk).to(tl.float32), dt)
         nw = tl.load(NW + c * KB + rk).to(tl.float32)
         h = _rnd(_rnd(xc * rstd, dt) * nw, dt)  # cast to the dtype, then times the weight in the dtype
         acc += tl.sum(w * h[None, :], axis=1)
-    tl.store(Out + rn, _rnd(acc, dt).to(dt), mask=nmask)
+        if GLU:
+            acc_up += tl.sum(w_up * h[None, :], axis=1)
+    if GLU:
+        g = _rnd(acc, dt)
+        y = _rnd(_rnd(g / (1.0 + tl.exp(-g)), dt) * _rnd(acc_up, dt), dt)
+    else:
+        y = _rnd(acc, dt)
+    tl.store(Out + rn, y.to(dt), mask=nmask)
 
 
 @triton.jit
@@ -107,6 +121,30 @@ def _grid_tile(k: int, n: int, block_n: int | None, num_warps: int | None) -> tu
     return (triton.cdiv(n, bn),), kb, bn, warps
 
 
+def _launch_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, glu: bool, block_n: int | None, num_warps: int | None,
+                      what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x.shape[-1]
+    _check(x, weight, h, what)
+    if norm_weight.shape != (h,) or norm_weight.dtype != x.dtype or norm_weight.stride(-1) != 1:
+        raise ValueError(f"{what}: norm weight {tuple(norm_weight.shape)} {norm_weight.dtype} "
+                         f"does not fit x {tuple(x.shape)} {x.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.stride(-1) != 1):
+        raise ValueError(f"{what}: residual {tuple(residual.shape)} {residual.dtype} does not "
+                         f"match x {tuple(x.shape)} {x.dtype}")
+    if glu and weight.shape[0] % 2:
+        raise ValueError(f"{what}: [gate | up] weight needs an even row count, got {weight.shape[0]}")
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x
+    grid, kb, bn, warps = _grid_tile(h, n, block_n, num_warps)
+    _norm_gemv_kernel[grid](x, residual if residual is not None else x, norm_weight, weight, out, res_out, n,
+                            eps, weight.stride(0), HP=triton.next_power_of_2(h), KB=kb, CHUNKS=h // kb, BN=bn,
+                            HAS_RES=residual is not None, GLU=glu, num_warps=warps)
+    return out, res_out
+
+
 def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                       weight: torch.Tensor, block_n: int | None = None,
                       num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,23 +159,22 @@ def add_rms_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     residual). Inputs are not modified.
     Raises ValueError for shapes outside :func:`fused_gemv_supported` or mismatched layouts/dtypes.
     """
-    h = x.shape[-1]
-    _check(x, weight, h, "add_rms_norm_gemv")
-    if norm_weight.shape != (h,) or norm_weight.dtype != x.dtype or norm_weight.stride(-1) != 1:
-        raise ValueError(f"add_rms_norm_gemv: norm weight {tuple(norm_weight.shape)} {norm_weight.dtype} "
-                         f"does not fit x {tuple(x.shape)} {x.dtype}")
-    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
-                                 or residual.stride(-1) != 1):
-        raise ValueError(f"add_rms_norm_gemv: residual {tuple(residual.shape)} {residual.dtype} does not "
-                         f"match x {tuple(x.shape)} {x.dtype}")
-    n = weight.shape[0]
-    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x
-    grid, kb, bn, warps = _grid_tile(h, n, block_n, num_warps)
-    _norm_gemv_kernel[grid](x, residual if residual is not None else x, norm_weight, weight, out, res_out, n,
-                            eps, weight.stride(0), HP=triton.next_power_of_2(h), KB=kb, CHUNKS=h // kb, BN=bn,
-                            HAS_RES=residual is not None, num_warps=warps)
-    return out, res_out
+    return _launch_norm_gemv(x, residual, norm_weight, eps, weight, False, block_n, num_warps,
+                             "add_rms_norm_gemv")
+
+
+def add_rms_norm_gemv_swiglu(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                             eps: float, gate_up_weight: torch.Tensor, block_n: int | None = None,
+                             num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """As :func:`add_rms_norm_gemv` with ``gate_up_weight`` ``[2I, H]`` = ``[gate | up]``, then SwiGLU on the
+    product in the same kernel: returns ``(silu(gate) * up [1, I], s [1, H])``, rounded as the unfused chain
+    (the GEMV's output in the dtype, then :func:`engine.ops.activation.silu_and_mul_reference`). Each
+    program takes matching gate and up rows, so nothing is recomputed (the alternative to
+    :func:`silu_mul_gemv`'s prologue). Raises ValueError as :func:`add_rms_norm_gemv`, or for an odd row
+    count.
+    """
+    return _launch_norm_gemv(x, residual, norm_weight, eps, gate_up_weight, True, block_n, num_warps,
+                             "add_rms_norm_gemv_swiglu")
 
 
 def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,

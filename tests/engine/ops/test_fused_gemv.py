@@ -24,7 +24,7 @@ from engine.ops import linear as ops_linear
 from engine.ops import triton_fused as tf
 from engine.ops import triton_kernels as tk
 from engine.ops.activation import silu_and_mul_reference
-from engine.ops.linear import LinearKernels, add_rms_norm_linear, silu_mul_linear
+from engine.ops.linear import LinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp, silu_mul_linear
 from engine.ops.norm import rms_norm_reference
 
 if not CUDA:
@@ -37,6 +37,7 @@ DEV = torch.device("cuda" if CUDA else "cpu")
 HALF = [torch.bfloat16, torch.float16]
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10}
 FUSED = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True)
+EPILOGUE = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True, swiglu_epilogue=True)
 UNFUSED = LinearKernels(gemv_max_rows=1)
 
 
@@ -104,6 +105,28 @@ def test_silu_mul_gemv_matches_the_unfused_chain(dtype, shape):
         _assert_one_step(tf.silu_mul_gemv(gu, w, block_n=16, num_warps=2), out)
 
 
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("shape", [(64, 16), (192, 80), (1024, 48)])  # (H, 2I)
+def test_add_rms_norm_gemv_swiglu_matches_the_unfused_chain(dtype, shape):
+    """SwiGLU in the gate/up kernel's epilogue: against SwiGLU (the reference) of the same kernel's plain
+    gate/up output (same sums, so at most the exp's last bit differs), and against the whole reference chain
+    (the gate and up products each one step from exact, so two steps)."""
+    hidden, n2 = shape
+    g = torch.Generator().manual_seed(hidden + n2)
+    x, r = _rand(1, hidden, dtype=dtype, gen=g, scale=3.0), _rand(1, hidden, dtype=dtype, gen=g)
+    nw = _rand(hidden, dtype=dtype, gen=g) + 1.0
+    w = _rand(n2, hidden, dtype=dtype, gen=g, scale=0.2)
+    a, s = tf.add_rms_norm_gemv_swiglu(x, r, nw, 1e-6, w)
+    assert a.shape == (1, n2 // 2) and torch.equal(s, r + x)
+    gate_up, _ = tf.add_rms_norm_gemv(x, r, nw, 1e-6, w)
+    _assert_one_step(a, silu_and_mul_reference(gate_up))
+    chain = silu_and_mul_reference(_exact_product(rms_norm_reference(r + x, nw, 1e-6), w))
+    assert float(_ulps(a, chain).max()) <= 2.0
+    a0, s0 = tf.add_rms_norm_gemv_swiglu(x, None, nw, 1e-6, w, block_n=8, num_warps=2)
+    assert s0 is x
+    _assert_one_step(a0, silu_and_mul_reference(tf.add_rms_norm_gemv(x, None, nw, 1e-6, w)[0]))
+
+
 def test_bad_shapes_and_layouts_raise():
     x = torch.zeros(1, 64, dtype=torch.bfloat16, device=DEV)
     w = torch.zeros(8, 64, dtype=torch.bfloat16, device=DEV)
@@ -118,6 +141,8 @@ def test_bad_shapes_and_layouts_raise():
         tf.add_rms_norm_gemv(x, x.half(), nw, 1e-6, w)
     with pytest.raises(ValueError, match="even"):
         tf.silu_mul_gemv(torch.zeros(1, 129, dtype=torch.bfloat16, device=DEV), w)
+    with pytest.raises(ValueError, match="even row count"):
+        tf.add_rms_norm_gemv_swiglu(x, None, nw, 1e-6, w[:7])
     with pytest.raises(ValueError, match="K = 32"):
         tf.silu_mul_gemv(x, w)  # I = 32 is not a multiple of 64
     assert tf.fused_gemv_supported(1, 1024) and not tf.fused_gemv_supported(2, 1024)
@@ -128,7 +153,7 @@ def test_bad_shapes_and_layouts_raise():
 def fused_calls(monkeypatch):
     """Counts the fused kernels' launches through the dispatch (which looks them up on the module)."""
     calls = []
-    for name in ("add_rms_norm_gemv", "silu_mul_gemv"):
+    for name in ("add_rms_norm_gemv", "silu_mul_gemv", "add_rms_norm_gemv_swiglu"):
         real = getattr(tf, name)
         monkeypatch.setattr(tf, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     return calls
@@ -152,6 +177,11 @@ def test_cpu_dispatch_is_the_unfused_chain(fused_calls):
         assert torch.equal(down, torch.nn.functional.linear(silu_and_mul_reference(gu), wd))
         y0, s0 = add_rms_norm_linear(x, None, nw, 1e-6, w, FUSED)
         assert s0 is x and torch.equal(y0, torch.nn.functional.linear(rms_norm_reference(x, nw, 1e-6), w))
+        gu_w, down_w = torch.randn(128, 64, generator=g).to(dtype), torch.randn(64, 64, generator=g).to(dtype)
+        out, s1 = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, gu_w, down_w, EPILOGUE)
+        want = torch.nn.functional.linear(
+            silu_and_mul_reference(torch.nn.functional.linear(rms_norm_reference(r + x, nw, 1e-6), gu_w)), down_w)
+        assert torch.equal(s1, r + x) and torch.equal(out, want)
     assert fused_calls == []
 
 
@@ -179,6 +209,15 @@ def test_gpu_dispatch_fused_equals_unfused_at_qwen3_shapes(fused_calls, dtype, w
         _assert_one_step(y, y_ref)
         _assert_one_step(down, down_ref)
     assert fused_calls == ["add_rms_norm_gemv", "silu_mul_gemv"] * 2
+    if with_residual:  # the MLP block, SwiGLU in down's prologue or in gate/up's epilogue
+        w_gu = _rand(6144, 1024, dtype=dtype, gen=g, scale=0.05)
+        ref, ref_s = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, w_gu, wd, UNFUSED)
+        for choice, kernel in ((FUSED, "silu_mul_gemv"), (EPILOGUE, "add_rms_norm_gemv_swiglu")):
+            fused_calls.clear()
+            out, s = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, w_gu, wd, choice)
+            assert torch.equal(s, ref_s) and kernel in fused_calls
+            rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+            assert rel < 2 ** -8, rel  # a few gate/up elements one step apart, summed over 3072
 
 
 @pytest.mark.gpu
@@ -200,24 +239,33 @@ def test_gpu_dispatch_falls_back_beyond_the_gemv_rows(fused_calls):
 @pytest.mark.gpu
 @needs_cuda
 def test_gpu_engine_greedy_tokens_equal_with_and_without_fusion(fused_calls):
-    """The tiny MOSS-TD decoder in bf16 on the GPU (graphs, async decode): greedy tokens with the fused
-    decode GEMVs are those without them, and the fused kernels did run."""
+    """The tiny MOSS-TD decoder in bf16 on the GPU: greedy tokens with the fused decode GEMVs (captured in
+    the batch-1 graph) are those without them; also with SwiGLU in the gate/up epilogue (eager steps, so
+    the choice set after construction applies), and the fused kernels did run."""
     from engine import Engine, EngineConfig, Sequence
+    from engine.ops.linear import set_linear_kernels
     from tests.engine.test_async_decode import TINY
 
+    runs = {"off": (False, 64, None), "on": (True, 64, None), "epilogue": (True, 0, EPILOGUE)}
+    kernels = {"off": set(), "on": {"add_rms_norm_gemv", "silu_mul_gemv"},
+               "epilogue": {"add_rms_norm_gemv", "add_rms_norm_gemv_swiglu"}}
     outs = {}
-    for fused in (False, True):
+    for name, (fused, graph_bs, choice) in runs.items():
         eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY, device="cuda",
-                                  dtype="bfloat16", fused_decode_gemv=fused, kv_budget_bytes=32 << 20,
-                                  max_running_requests=8, seed=7))
+                                  dtype="bfloat16", fused_decode_gemv=fused, cuda_graph_max_bs=graph_bs,
+                                  kv_budget_bytes=32 << 20, max_running_requests=8, seed=7))
         assert eng.config.small_batch_gemv and eng.config.fused_decode_gemv is fused
+        assert (eng.runner.graphs is not None) == (graph_bs > 0)
+        if choice is not None:
+            set_linear_kernels(eng.model, choice)
         gen = torch.Generator().manual_seed(0)
         seqs = [Sequence(prompt_ids=torch.randint(0, 512, (int(n),), generator=gen).tolist(), max_new_tokens=24,
                          ignore_eos=True) for n in (5, 40, 77)]
         for s in seqs:  # one at a time: batch-1 decode steps are the ones the fusion changes
             eng.generate([s])
-        outs[fused] = [s.output_ids for s in seqs]
-        # batch-1 steps (graph capture, eager warm-up) went through the fused kernels, or never
-        assert set(fused_calls) == ({"add_rms_norm_gemv", "silu_mul_gemv"} if fused else set())
+        outs[name] = [s.output_ids for s in seqs]
+        # batch-1 steps (graph capture and warm-up, or eager steps) went through the fused kernels, or never
+        assert set(fused_calls) == kernels[name], (name, set(fused_calls))
         fused_calls.clear()
-    assert all(len(o) == 24 for o in outs[True]) and outs[True] == outs[False]
+    assert all(len(o) == 24 for o in outs["off"])
+    assert outs["on"] == outs["off"] and outs["epilogue"] == outs["off"]
