@@ -14,8 +14,14 @@ For each fused pair (``qkv``: add + RMSNorm -> GEMV 4096 x 1024; ``gate_up``: ad
   the unfused output (share of differing elements, relative error; a tile counts only within one bf16
   step of relative error), and ``best``.
 
+``gate_up_swiglu`` is the other place for SwiGLU: in the gate/up kernel's epilogue
+(``add_rms_norm_gemv_swiglu``, each program owns matching gate and up rows, nothing recomputed), against the
+norm-fused gate/up GEMV followed by the SwiGLU kernel; compare its saving with ``down``'s.
+
 ``step`` puts the three pairs of all layers in one graph (the 84 kernels a step loses): unfused, fused at
-the default tiles, fused at each pair's best tile, per layer and per step. Bytes per step: weights only.
+the default tiles, fused at each pair's best tile, and ``epilogue`` (qkv fused, gate/up + SwiGLU fused,
+down a plain GEMV, best tiles); ``swiglu_placement`` names the faster of the last two
+(``LinearKernels.swiglu_epilogue``). Bytes per step: weights only.
 
 Run on the GPU machine (well under a minute, Triton compiles included):
     python3 benchmarks/bench_decode_fusions.py --commit SHA --out benchmarks/results/decode_fusions_h200.json
@@ -154,8 +160,14 @@ def main() -> None:
                "down": [rand(H, shp.inter, scale=0.03) for _ in range(L)]}
     res["weight_bytes_per_step"] = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
 
+    # gate_up_swiglu: SwiGLU in the gate/up kernel's epilogue (add_rms_norm_gemv_swiglu), against the
+    # norm-fused gate/up GEMV followed by the SwiGLU kernel: the other place the SwiGLU kernel can go
+    pairs = {"qkv": "qkv", "gate_up": "gate_up", "down": "down", "gate_up_swiglu": "gate_up"}
+
     def unfused(pair: str, layer: int) -> torch.Tensor:
-        w = weights[pair][layer]
+        w = weights[pairs[pair]][layer]
+        if pair == "gate_up_swiglu":
+            return tk.silu_and_mul(tf.add_rms_norm_gemv(x, r, norm_w[layer], EPS, w)[0])
         if pair == "down":
             if unfused_choice is None:
                 return tk.gemv(tk.silu_and_mul(gu), w)
@@ -165,21 +177,24 @@ def main() -> None:
         return add_rms_norm_linear(x, r, norm_w[layer], EPS, w, unfused_choice)[0]
 
     def fused(pair: str, layer: int, tile: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
-        w = weights[pair][layer]
+        w = weights[pairs[pair]][layer]
+        if pair == "gate_up_swiglu":
+            return tf.add_rms_norm_gemv_swiglu(x, r, norm_w[layer], EPS, w, *tile)[0]
         if pair == "down":
             return tf.silu_mul_gemv(gu, w, *tile)
         return tf.add_rms_norm_gemv(x, r, norm_w[layer], EPS, w, *tile)[0]
 
     def removed(pair: str, layer: int) -> object:
-        return tk.silu_and_mul(gu) if pair == "down" else tk.add_rms_norm(x, r, norm_w[layer], EPS)
+        return tk.silu_and_mul(gu) if pair in ("down", "gate_up_swiglu") else tk.add_rms_norm(x, r, norm_w[layer], EPS)
 
     h_in = {"qkv": tk.add_rms_norm(x, r, norm_w[0], EPS)[0], "down": tk.silu_and_mul(gu)}
-    h_in["gate_up"] = h_in["qkv"]
+    h_in["gate_up"] = h_in["gate_up_swiglu"] = h_in["qkv"]
     tiles = [(bn, w) for bn in map(int, args.block_rows.split(",")) for w in map(int, args.warps.split(","))]
     if args.dry_run:  # the interpreter runs programs one by one: two tiles show the sweep's logic
         tiles = tiles[-1:] + [(4, 1)]
     best: dict[str, tuple[int, int]] = {}
-    for pair, ws in weights.items():
+    for pair, key in pairs.items():
+        ws = weights[key]
         k = ws[0].shape[1]
         ref = unfused(pair, 0)
         row = {"N": ws[0].shape[0], "K": k, "default_tile": list(tf.fused_gemv_tile(k)),
@@ -208,22 +223,30 @@ def main() -> None:
 
     def step(kind: str) -> None:
         for i in range(L):
+            if kind == "epilogue":  # SwiGLU in gate/up's epilogue, down a plain GEMV, best tiles
+                fused("qkv", i, best["qkv"])
+                fused("gate_up_swiglu", i, best["gate_up_swiglu"])
+                tk.gemv(h_in["down"], weights["down"][i])
+                continue
             for pair in weights:
                 if kind == "unfused":
                     unfused(pair, i)
                 else:
                     fused(pair, i, best[pair] if kind == "best" else (None, None))
 
-    st = {kind: timer.us(lambda: step(kind)) for kind in ("unfused", "fused", "best")}
+    st = {kind: timer.us(lambda: step(kind)) for kind in ("unfused", "fused", "best", "epilogue")}
+    pro, epi = st["best"], st["epilogue"]
     res["step"] = {
         "unfused_us_per_step": st["unfused"], "fused_us_per_step": st["fused"], "best_us_per_step": st["best"],
         "unfused_us_per_layer": _per(st["unfused"], L), "fused_us_per_layer": _per(st["fused"], L),
         "best_us_per_layer": _per(st["best"], L),
         "measured_saving_us_per_step": _sub(st["unfused"], st["fused"]),
         "best_saving_us_per_step": _sub(st["unfused"], st["best"]),
+        "epilogue_us_per_step": epi, "epilogue_saving_us_per_step": _sub(st["unfused"], epi),
+        "swiglu_placement": None if pro is None else ("epilogue" if epi < pro else "prologue"),
         "predicted_saving_us_per_step": None if args.dry_run else L * sum(
             res["pairs"][p]["removed_kernel_us"] for p in weights),
-        "best_tiles": {p: list(t) for p, t in best.items()},
+        "best_tiles": {p: list(t) for p, t in best.items()},  # step "best" / "epilogue" ran these
         "weights_tb_s_fused": None if st["fused"] is None else res["weight_bytes_per_step"] / st["fused"] / 1e6,
     }
     res["wall_s"] = time.perf_counter() - t0

@@ -119,6 +119,8 @@ def make_engine(args) -> Engine:
         cfg.decode_single_split_programs_per_sm = args.single_split_per_sm
     if getattr(args, "extend_large_tile_from", None) is not None:
         cfg.extend_large_tile_min_tokens = args.extend_large_tile_from
+    if getattr(args, "no_fused_decode_gemv", False):
+        cfg.fused_decode_gemv = False
     return Engine(cfg)
 
 
@@ -316,6 +318,7 @@ def main() -> None:
                     help="EngineConfig.decode_single_split_programs_per_sm (0: off)")
     ap.add_argument("--extend-large-tile-from", type=int, default=None,
                     help="EngineConfig.extend_large_tile_min_tokens (0: off)")
+    ap.add_argument("--no-fused-decode-gemv", action="store_true", help="EngineConfig.fused_decode_gemv=False")
     ap.add_argument("--kv-fraction", type=float, default=0.85)
     ap.add_argument("--kv-dtype", default="auto", help="EngineConfig.kv_dtype: auto (bf16) or fp8_e4m3")
     ap.add_argument("--probe-context", type=int, default=35_000)
