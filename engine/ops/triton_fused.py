@@ -118,6 +118,8 @@ def _grid_tile(k: int, n: int, block_n: int | None, num_warps: int | None) -> tu
     kb = min(k & -k, 1024)
     tile = fused_gemv_tile(k)
     bn, warps = block_n or tile[0], num_warps or tile[1]
+    if bn & (bn - 1) or warps & (warps - 1):  # Triton block shapes and warp counts are powers of two
+        raise ValueError(f"block_n {bn} and num_warps {warps} must be powers of two")
     return (triton.cdiv(n, bn),), kb, bn, warps
 
 

@@ -144,6 +144,8 @@ def test_bad_shapes_and_layouts_raise():
         tf.add_rms_norm_gemv(x, x.half(), nw, 1e-6, w)
     with pytest.raises(ValueError, match="even"):
         tf.silu_mul_gemv(torch.zeros(1, 129, dtype=torch.bfloat16, device=DEV), w)
+    with pytest.raises(ValueError, match="powers of two"):
+        tf.silu_mul_gemv(torch.zeros(1, 128, dtype=torch.bfloat16, device=DEV), w, block_n=3)
     with pytest.raises(ValueError, match="even row count"):
         tf.add_rms_norm_gemv_swiglu(x, None, nw, 1e-6, w[:7])
     with pytest.raises(ValueError, match="K = 32"):
