@@ -154,6 +154,48 @@ def test_bad_shapes_and_layouts_raise():
     assert not tf.fused_gemv_supported(1, 96) and tf.fused_gemv_tile(1024) == tk.gemv_tile(1024)
 
 
+# Compiles (does not run) the kernels for an H100/H200 (sm_90) in a fresh process: the interpreter is laxer
+# than the compiler (globals, block shapes, constexpr branches), and ptxas ships in the Triton wheel.
+_COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from engine.ops import triton_fused as tf
+
+SCALARS = {"N": "i32", "stride_wn": "i32", "eps": "fp32"}
+
+def build(kernel, dt, warps, **const):
+    sig = {name: "constexpr" if name in const else SCALARS.get(name, "*" + dt) for name in kernel.arg_names}
+    triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+for dt in ("bf16", "fp16"):
+    bn, warps = tf.fused_gemv_tile(1024)
+    for has_res in (True, False):
+        for glu in (False, True):
+            build(tf._norm_gemv_kernel, dt, warps, HP=1024, KB=1024, CHUNKS=1, BN=bn, HAS_RES=has_res, GLU=glu)
+    bn, warps = tf.fused_gemv_tile(3072)
+    build(tf._silu_mul_gemv_kernel, dt, warps, KB=1024, CHUNKS=3, BN=bn)
+print("compiled")
+"""
+
+
+@pytest.mark.skipif(CUDA, reason="with CUDA the kernels above run compiled")
+def test_kernels_compile_for_hopper():
+    """Qwen3-0.6B's shapes at the default tiles, bf16 and float16, every constexpr branch."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia", reason="Triton without its CUDA backend")
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[3])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, cwd=root, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
 @pytest.fixture
 def fused_calls(monkeypatch):
     """Counts the fused kernels' launches through the dispatch (which looks them up on the module)."""
