@@ -37,14 +37,6 @@ def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.conste
     # silu(gate) * up, rounded as gate_up's GEMV output and then silu_and_mul_reference round it.
     pid = tl.program_id(0)
     dt = Out.dtype.element_ty
-    offs = tl.arange(0, HP)
-    mask = offs < CHUNKS * KB
-    s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RES:
-        s = _rnd(s + tl.load(R + offs, mask=mask, other=0.0).to(tl.float32), dt)
-        if pid == 0:  # exactly one program writes the new residual stream
-            tl.store(ResOut + offs, s.to(dt), mask=mask)
-    rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / (CHUNKS * KB) + eps)
     rn = pid * BN + tl.arange(0, BN)
     rk = tl.arange(0, KB)
     nmask = rn < N
@@ -55,6 +47,17 @@ def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.conste
         w = tl.load(wp, mask=nmask[:, None], other=0.0).to(tl.float32)
         if GLU:
             w_up = tl.load(wp + N * stride_wn, mask=nmask[:, None], other=0.0).to(tl.float32)
+        if c == 0:
+            # The row statistics after the first weight loads are issued: the reduction's barriers would
+            # otherwise hold those HBM loads back until the row has come from L2 and been reduced.
+            offs = tl.arange(0, HP)
+            mask = offs < CHUNKS * KB
+            s = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RES:
+                s = _rnd(s + tl.load(R + offs, mask=mask, other=0.0).to(tl.float32), dt)
+                if pid == 0:  # exactly one program writes the new residual stream
+                    tl.store(ResOut + offs, s.to(dt), mask=mask)
+            rstd = 1.0 / tl.sqrt(tl.sum(s * s, axis=0) / (CHUNKS * KB) + eps)
         xc = tl.load(X + c * KB + rk).to(tl.float32)
         if HAS_RES:
             xc = _rnd(xc + tl.load(R + c * KB + rk).to(tl.float32), dt)
