@@ -114,6 +114,24 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
     return linear(silu_and_mul(gate_up), weight, choice)
 
 
+def add_rms_norm_swiglu_mlp(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                            gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
+                            choice: LinearKernels = REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
+    """A SwiGLU MLP block with its pre-norm: ``s = residual + x``, ``gate_up = rms_norm(s) @ gate_up_weight.T``
+    (``[gate | up]``, ``[2I, H]``), ``out = (silu(gate) * up) @ down_weight.T`` (``[H, I]``).
+
+    Returns ``(out [T, H], s [T, H])``. At batch-1 decode with ``choice.fused_norm_gemv`` two kernels: SwiGLU
+    in the gate/up kernel's epilogue (``choice.swiglu_epilogue``) or in down's prologue; otherwise the
+    unfused chain (:func:`add_rms_norm_linear`, :func:`silu_mul_linear`), same rounding either way.
+    """
+    if choice.swiglu_epilogue and _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
+            norm_weight.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1):
+        a, s = fused_kernels().add_rms_norm_gemv_swiglu(x, residual, norm_weight, eps, gate_up_weight)
+        return linear(a, down_weight, choice), s
+    gate_up, s = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up_weight, choice)
+    return silu_mul_linear(gate_up, down_weight, choice), s
+
+
 _HAS_GELU_EPILOGUE = hasattr(torch, "_addmm_activation")  # private op (torch >= 1.13)
 
 
@@ -144,20 +162,3 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         return y.view(*x.shape[:-1], weight.shape[0])
     return linear_gelu_reference(x, weight, bias)
 
-
-def add_rms_norm_swiglu_mlp(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                            gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
-                            choice: LinearKernels = REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
-    """A SwiGLU MLP block with its pre-norm: ``s = residual + x``, ``gate_up = rms_norm(s) @ gate_up_weight.T``
-    (``[gate | up]``, ``[2I, H]``), ``out = (silu(gate) * up) @ down_weight.T`` (``[H, I]``).
-
-    Returns ``(out [T, H], s [T, H])``. At batch-1 decode with ``choice.fused_norm_gemv`` two kernels: SwiGLU
-    in the gate/up kernel's epilogue (``choice.swiglu_epilogue``) or in down's prologue; otherwise the
-    unfused chain (:func:`add_rms_norm_linear`, :func:`silu_mul_linear`), same rounding either way.
-    """
-    if choice.swiglu_epilogue and _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
-            norm_weight.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1):
-        a, s = fused_kernels().add_rms_norm_gemv_swiglu(x, residual, norm_weight, eps, gate_up_weight)
-        return linear(a, down_weight, choice), s
-    gate_up, s = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up_weight, choice)
-    return silu_mul_linear(gate_up, down_weight, choice), s
