@@ -3,25 +3,26 @@
 At batch 1, Qwen3-0.6B's shapes (MOSS-TD's decoder) and 28 layers' worth of distinct weights (734 MB, so
 the L2 cache holds none of them between uses), each variant below is captured as one CUDA graph of its
 kernels for every layer and replayed; CUDA events time the replays (median of trials of many replays).
-For each fused pair (``qkv``: add + RMSNorm -> GEMV 4096 x 1024; ``gate_up``: add + RMSNorm -> GEMV
-6144 x 1024; ``down``: SwiGLU -> GEMV 1024 x 3072) it reports, per layer (microseconds):
+For each fusion the engine runs (``qkv``: add + RMSNorm -> GEMV 4096 x 1024; ``gate_up_swiglu``: add +
+RMSNorm -> GEMV 6144 x 1024 -> SwiGLU in the epilogue, each program owning matching gate and up rows) it
+reports, per layer (microseconds):
 
-- ``unfused_us``: the chain as the engine runs it without the fusion (our norm or SwiGLU kernel, then
-  our GEMV: ``engine.ops.linear`` with ``fused_norm_gemv`` off);
-- ``removed_kernel_us``: the norm / SwiGLU kernel alone, the predicted saving; ``gemv_us``: the GEMV alone;
+- ``unfused_us``: the chain as the engine runs it without the fusion (our norm kernel, our GEMV, for gate/up
+  our SwiGLU kernel: ``engine.ops.linear`` with ``fused_norm_gemv`` off);
+- ``removed_kernel_us``: the kernels the fusion removes, alone: the predicted saving; ``gemv_us``: the GEMV;
 - ``fused_us``: the fused kernel at its default tile, and ``measured_saving_us`` = unfused - fused;
 - ``tiles``: the fused kernel at block rows 1/2/4/8 x warps 1/2/4, each with its largest difference from
   the unfused output (share of differing elements, relative error; a tile counts only within one bf16
   step of relative error), and ``best``.
 
-``gate_up_swiglu`` is the other place for SwiGLU: in the gate/up kernel's epilogue
-(``add_rms_norm_gemv_swiglu``, each program owns matching gate and up rows, nothing recomputed), against the
-norm-fused gate/up GEMV followed by the SwiGLU kernel; compare its saving with ``down``'s.
+``step`` puts the three products of all layers (q/k/v, gate/up, down; down is a plain GEMV) with what
+precedes them in one graph (the 84 kernels a step loses): unfused, fused at the default tiles, fused at each
+fusion's best tile. Bytes per step: weights only.
 
-``step`` puts the three pairs of all layers in one graph (the 84 kernels a step loses): unfused, fused at
-the default tiles, fused at each pair's best tile, and ``epilogue`` (qkv fused, gate/up + SwiGLU fused,
-down a plain GEMV, best tiles); ``swiglu_placement`` names the faster of the last two
-(``LinearKernels.swiglu_epilogue``). Bytes per step: weights only.
+``results/decode_fusions_h200.json`` was measured at df8d7d1, which also had SwiGLU folded into the down
+GEMV's prologue (``down``: each program recomputing its chunk of ``silu(gate) * up``; 0.7 us per layer
+slower than the two kernels) and compared the placements in ``step``: the gate/up epilogue won by 62 us per
+step, so it is the one kept.
 
 Run on the GPU machine (well under a minute, Triton compiles included):
     python3 benchmarks/bench_decode_fusions.py --commit SHA --out benchmarks/results/decode_fusions_h200.json
@@ -128,7 +129,7 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are decorated (imported below)
     from engine.ops import triton_fused as tf
     from engine.ops import triton_kernels as tk
-    from engine.ops.linear import LinearKernels, add_rms_norm_linear, silu_mul_linear
+    from engine.ops.linear import LinearKernels, add_rms_norm_linear
 
     t0 = time.perf_counter()
     dev = torch.device("cpu" if args.dry_run else "cuda")
@@ -160,35 +161,29 @@ def main() -> None:
                "down": [rand(H, shp.inter, scale=0.03) for _ in range(L)]}
     res["weight_bytes_per_step"] = sum(w.numel() * w.element_size() for ws in weights.values() for w in ws)
 
-    # gate_up_swiglu: SwiGLU in the gate/up kernel's epilogue (add_rms_norm_gemv_swiglu), against the
-    # norm-fused gate/up GEMV followed by the SwiGLU kernel: the other place the SwiGLU kernel can go
-    pairs = {"qkv": "qkv", "gate_up": "gate_up", "down": "down", "gate_up_swiglu": "gate_up"}
+    # the two fusions the engine runs (qkv: add + RMSNorm -> GEMV; gate_up_swiglu: add + RMSNorm -> gate/up
+    # GEMV -> SwiGLU in its epilogue); down stays a plain GEMV
+    pairs = {"qkv": "qkv", "gate_up_swiglu": "gate_up"}
 
     def unfused(pair: str, layer: int) -> torch.Tensor:
         w = weights[pairs[pair]][layer]
-        if pair == "gate_up_swiglu":
-            return tk.silu_and_mul(tf.add_rms_norm_gemv(x, r, norm_w[layer], EPS, w)[0])
-        if pair == "down":
-            if unfused_choice is None:
-                return tk.gemv(tk.silu_and_mul(gu), w)
-            return silu_mul_linear(gu, w, unfused_choice)
-        if unfused_choice is None:
-            return tk.gemv(tk.add_rms_norm(x, r, norm_w[layer], EPS)[0], w)
-        return add_rms_norm_linear(x, r, norm_w[layer], EPS, w, unfused_choice)[0]
+        if unfused_choice is None:  # dry run: the kernels directly
+            y = tk.gemv(tk.add_rms_norm(x, r, norm_w[layer], EPS)[0], w)
+        else:
+            y = add_rms_norm_linear(x, r, norm_w[layer], EPS, w, unfused_choice)[0]
+        return tk.silu_and_mul(y) if pair == "gate_up_swiglu" else y
 
     def fused(pair: str, layer: int, tile: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
         w = weights[pairs[pair]][layer]
         if pair == "gate_up_swiglu":
             return tf.add_rms_norm_gemv_swiglu(x, r, norm_w[layer], EPS, w, *tile)[0]
-        if pair == "down":
-            return tf.silu_mul_gemv(gu, w, *tile)
         return tf.add_rms_norm_gemv(x, r, norm_w[layer], EPS, w, *tile)[0]
 
-    def removed(pair: str, layer: int) -> object:
-        return tk.silu_and_mul(gu) if pair in ("down", "gate_up_swiglu") else tk.add_rms_norm(x, r, norm_w[layer], EPS)
+    def removed(pair: str, layer: int) -> object:  # the kernels the fusion removes
+        n = tk.add_rms_norm(x, r, norm_w[layer], EPS)
+        return tk.silu_and_mul(gu) if pair == "gate_up_swiglu" else n
 
-    h_in = {"qkv": tk.add_rms_norm(x, r, norm_w[0], EPS)[0], "down": tk.silu_and_mul(gu)}
-    h_in["gate_up"] = h_in["gate_up_swiglu"] = h_in["qkv"]
+    h_in = tk.add_rms_norm(x, r, norm_w[0], EPS)[0]
     tiles = [(bn, w) for bn in map(int, args.block_rows.split(",")) for w in map(int, args.warps.split(","))]
     if args.dry_run:  # the interpreter runs programs one by one: two tiles show the sweep's logic
         tiles = tiles[-1:] + [(4, 1)]
@@ -196,11 +191,12 @@ def main() -> None:
     for pair, key in pairs.items():
         ws = weights[key]
         k = ws[0].shape[1]
+        glu = pair == "gate_up_swiglu"
         ref = unfused(pair, 0)
-        row = {"N": ws[0].shape[0], "K": k, "default_tile": list(tf.fused_gemv_tile(k)),
+        row = {"N": ws[0].shape[0], "K": k, "default_tile": list(tf.fused_gemv_tile(k, glu)),
                "unfused_us": _per(timer.us(lambda: [unfused(pair, i) for i in range(L)]), L),
                "removed_kernel_us": _per(timer.us(lambda: [removed(pair, i) for i in range(L)]), L),
-               "gemv_us": _per(timer.us(lambda: [tk.gemv(h_in[pair], ws[i]) for i in range(L)]), L),
+               "gemv_us": _per(timer.us(lambda: [tk.gemv(h_in, ws[i]) for i in range(L)]), L),
                "fused_us": _per(timer.us(lambda: [fused(pair, i) for i in range(L)]), L),
                "fused_vs_unfused": _agreement(fused(pair, 0), ref), "tiles": []}
         row["measured_saving_us"] = _sub(row["unfused_us"], row["fused_us"])
@@ -215,38 +211,32 @@ def main() -> None:
             row["tiles"].append({"block_n": tile[0], "warps": tile[1], "us": us, **agree})
         ok = [t for t in row["tiles"] if "us" in t and t["rel_err"] < AGREE]
         pick = min(ok, key=lambda t: t["us"]) if ok and ok[0]["us"] is not None else None
-        best[pair] = (pick["block_n"], pick["warps"]) if pick else tuple(tf.fused_gemv_tile(k))
+        best[pair] = (pick["block_n"], pick["warps"]) if pick else tuple(tf.fused_gemv_tile(k, glu))
         row["best"] = {"block_n": best[pair][0], "warps": best[pair][1], "us": pick["us"] if pick else None}
         res["pairs"][pair] = row
         print(pair, json.dumps({k: v for k, v in row.items() if k != "tiles"}), flush=True)
         save()
 
-    def step(kind: str) -> None:
+    def step(kind: str) -> None:  # the three matrix products of every layer with what precedes them
         for i in range(L):
-            if kind == "epilogue":  # SwiGLU in gate/up's epilogue, down a plain GEMV, best tiles
-                fused("qkv", i, best["qkv"])
-                fused("gate_up_swiglu", i, best["gate_up_swiglu"])
-                tk.gemv(h_in["down"], weights["down"][i])
-                continue
-            for pair in weights:
-                if kind == "unfused":
-                    unfused(pair, i)
-                else:
-                    fused(pair, i, best[pair] if kind == "best" else (None, None))
+            if kind == "unfused":
+                unfused("qkv", i)
+                a = unfused("gate_up_swiglu", i)
+            else:
+                fused("qkv", i, best["qkv"] if kind == "best" else (None, None))
+                a = fused("gate_up_swiglu", i, best["gate_up_swiglu"] if kind == "best" else (None, None))
+            tk.gemv(a, weights["down"][i])
 
-    st = {kind: timer.us(lambda: step(kind)) for kind in ("unfused", "fused", "best", "epilogue")}
-    pro, epi = st["best"], st["epilogue"]
+    st = {kind: timer.us(lambda: step(kind)) for kind in ("unfused", "fused", "best")}
     res["step"] = {
         "unfused_us_per_step": st["unfused"], "fused_us_per_step": st["fused"], "best_us_per_step": st["best"],
         "unfused_us_per_layer": _per(st["unfused"], L), "fused_us_per_layer": _per(st["fused"], L),
         "best_us_per_layer": _per(st["best"], L),
         "measured_saving_us_per_step": _sub(st["unfused"], st["fused"]),
         "best_saving_us_per_step": _sub(st["unfused"], st["best"]),
-        "epilogue_us_per_step": epi, "epilogue_saving_us_per_step": _sub(st["unfused"], epi),
-        "swiglu_placement": None if pro is None else ("epilogue" if epi < pro else "prologue"),
         "predicted_saving_us_per_step": None if args.dry_run else L * sum(
-            res["pairs"][p]["removed_kernel_us"] for p in weights),
-        "best_tiles": {p: list(t) for p, t in best.items()},  # step "best" / "epilogue" ran these
+            res["pairs"][p]["removed_kernel_us"] for p in pairs),
+        "best_tiles": {p: list(t) for p, t in best.items()},  # step "best" ran these
         "weights_tb_s_fused": None if st["fused"] is None else res["weight_bytes_per_step"] / st["fused"] / 1e6,
     }
     res["wall_s"] = time.perf_counter() - t0

@@ -1,5 +1,5 @@
-"""Linear layers: our Triton GEMV for one-token decoder steps (optionally with the norm or SwiGLU before it
-folded in), cuBLASLt's GELU epilogue for Whisper's encoder MLP, cuBLAS otherwise.
+"""Linear layers: our Triton GEMV for one-token decoder steps (optionally with the norm before it and SwiGLU
+after it folded in), cuBLASLt's GELU epilogue for Whisper's encoder MLP, cuBLAS otherwise.
 
 The GEMV beats cuBLAS at M = 1 on every Qwen3-0.6B matrix on an H200 but loses on the larger ones from
 M = 2 and on all of them from M = 4 (benchmarks/bench_decode_ops.py, results/decode_ops_h200.json), so only
@@ -31,18 +31,15 @@ class LinearKernels:
         gemv_max_rows: most rows sent to the Triton GEMV (CUDA, half precision); 0 sends every product to
             cuBLAS (``EngineConfig.small_batch_gemv`` gives 1).
         fused_gelu_gemm: fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue (``EngineConfig.fused_gelu_gemm``).
-        fused_norm_gemv: products that take the GEMV fold the kernel before them into it: residual add +
-            RMSNorm into the q/k/v and gate/up GEMVs, SwiGLU into down's (:func:`add_rms_norm_linear`,
-            :func:`silu_mul_linear`; ``EngineConfig.fused_decode_gemv``). Acts only where the GEMV would run.
-        swiglu_epilogue: with ``fused_norm_gemv``, :func:`add_rms_norm_swiglu_mlp` applies SwiGLU in the
-            gate/up GEMV's epilogue instead of down's prologue (no recomputation; the choice is
-            ``benchmarks/bench_decode_fusions.py``'s ``swiglu_placement``).
+        fused_norm_gemv: products that take the GEMV fold the kernels around them into it: residual add +
+            RMSNorm into the q/k/v GEMV (:func:`add_rms_norm_linear`), residual add + RMSNorm before and
+            SwiGLU after the gate/up GEMV (:func:`add_rms_norm_swiglu_mlp`); ``EngineConfig.fused_decode_gemv``.
+            Acts only where the GEMV would run.
     """
 
     gemv_max_rows: int = 0
     fused_gelu_gemm: bool = False
     fused_norm_gemv: bool = False
-    swiglu_epilogue: bool = False
 
 
 REFERENCE = LinearKernels()
@@ -100,36 +97,23 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
     return linear(h, weight, choice), s
 
 
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor,
-                    choice: LinearKernels = REFERENCE) -> torch.Tensor:
-    """SwiGLU then a product: ``silu(gate) * up`` (:func:`engine.ops.activation.silu_and_mul`'s rounding)
-    ``@ weight.T``. ``gate_up`` ``[T, 2I]`` = ``[gate | up]``, ``weight`` ``[N, I]`` -> ``[T, N]``.
-
-    One Triton kernel (:func:`engine.ops.triton_fused.silu_mul_gemv`) where the GEMV would run and
-    ``choice.fused_norm_gemv`` is on; otherwise :func:`silu_and_mul` then :func:`linear`.
-    Raises ValueError if the last dim is odd.
-    """
-    if gate_up.shape[-1] % 2 == 0 and _takes_fused_gemv(gate_up, weight, gate_up.shape[-1] // 2, choice):
-        return fused_kernels().silu_mul_gemv(gate_up, weight)
-    return linear(silu_and_mul(gate_up), weight, choice)
-
-
 def add_rms_norm_swiglu_mlp(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                             gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
                             choice: LinearKernels = REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
     """A SwiGLU MLP block with its pre-norm: ``s = residual + x``, ``gate_up = rms_norm(s) @ gate_up_weight.T``
     (``[gate | up]``, ``[2I, H]``), ``out = (silu(gate) * up) @ down_weight.T`` (``[H, I]``).
 
-    Returns ``(out [T, H], s [T, H])``. At batch-1 decode with ``choice.fused_norm_gemv`` two kernels: SwiGLU
-    in the gate/up kernel's epilogue (``choice.swiglu_epilogue``) or in down's prologue; otherwise the
-    unfused chain (:func:`add_rms_norm_linear`, :func:`silu_mul_linear`), same rounding either way.
+    Returns ``(out [T, H], s [T, H])``. At batch-1 decode with ``choice.fused_norm_gemv`` two kernels
+    (:func:`engine.ops.triton_fused.add_rms_norm_gemv_swiglu`, then down's GEMV); otherwise the unfused chain
+    (:func:`engine.ops.norm.pre_rms_norm`, :func:`linear`, :func:`silu_and_mul`, :func:`linear`), same
+    rounding either way.
     """
-    if choice.swiglu_epilogue and _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
+    if _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
             norm_weight.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1):
         a, s = fused_kernels().add_rms_norm_gemv_swiglu(x, residual, norm_weight, eps, gate_up_weight)
         return linear(a, down_weight, choice), s
-    gate_up, s = add_rms_norm_linear(x, residual, norm_weight, eps, gate_up_weight, choice)
-    return silu_mul_linear(gate_up, down_weight, choice), s
+    h, s = pre_rms_norm(x, residual, norm_weight, eps)
+    return linear(silu_and_mul(linear(h, gate_up_weight, choice)), down_weight, choice), s
 
 
 _HAS_GELU_EPILOGUE = hasattr(torch, "_addmm_activation")  # private op (torch >= 1.13)

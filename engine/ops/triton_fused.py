@@ -3,14 +3,14 @@
 At batch 1 a Qwen3 decoder layer was ten kernels, most of their non-bandwidth time per-kernel latency
 (``benchmarks/results/engine_h200.md``). These fold the kernel before a GEMV into the GEMV's programs:
 
-- :func:`add_rms_norm_gemv`: residual add + RMSNorm + ``h @ W.T`` (q/k/v and gate/up projections);
-- :func:`silu_mul_gemv`: SwiGLU + ``a @ W.T`` (down projection);
-- :func:`add_rms_norm_gemv_swiglu`: residual add + RMSNorm + gate/up GEMV + SwiGLU as its epilogue (the
-  other place SwiGLU can go: each program owns matching gate and up rows, so nothing is recomputed).
+- :func:`add_rms_norm_gemv`: residual add + RMSNorm + ``h @ W.T`` (the q/k/v projection);
+- :func:`add_rms_norm_gemv_swiglu`: residual add + RMSNorm + gate/up GEMV + SwiGLU as its epilogue (each
+  program owns matching gate and up rows, so nothing is recomputed).
 
-Every program recomputes the part of the activation row it needs (the row is ~1-6K elements, read from
-L2), so no program waits on another and no second kernel runs; for the norm every program reduces the
-whole row. Rounding is that of the unfused chain, step by step: :func:`engine.ops.norm.rms_norm_reference`
+Every program reduces the whole activation row for the norm (1,024 elements, read from L2), so no program
+waits on another and no second kernel runs. Measured on an H200 (``benchmarks/bench_decode_fusions.py``,
+``results/decode_fusions_h200.json``); SwiGLU folded into the down GEMV's prologue instead lost and is
+gone. Rounding is that of the unfused chain, step by step: :func:`engine.ops.norm.rms_norm_reference`
 and :func:`engine.ops.activation.silu_and_mul_reference` (each intermediate the reference materialises
 in the dtype is rounded to it with ``_rnd``), then a float32 dot product as
 :func:`engine.ops.triton_kernels.gemv` sums it (chunks of ``KB``, in order). The outputs are rounded
@@ -74,26 +74,6 @@ def _norm_gemv_kernel(X, R, NW, W, Out, ResOut, N, eps, stride_wn, HP: tl.conste
     tl.store(Out + rn, y.to(dt), mask=nmask)
 
 
-@triton.jit
-def _silu_mul_gemv_kernel(GU, W, Out, N, stride_wn, KB: tl.constexpr, CHUNKS: tl.constexpr,
-                          BN: tl.constexpr):
-    # I = CHUNKS x KB; gate_up = [gate | up], each I wide. Each program recomputes a = silu(gate) * up chunk
-    # by chunk beside the weight chunk it multiplies.
-    dt = Out.dtype.element_ty
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
-    rk = tl.arange(0, KB)
-    nmask = rn < N
-    acc = tl.zeros((BN,), dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):
-        w = tl.load(W + rn[:, None].to(tl.int64) * stride_wn + c * KB + rk[None, :], mask=nmask[:, None],
-                    other=0.0).to(tl.float32)
-        g = tl.load(GU + c * KB + rk).to(tl.float32)
-        u = tl.load(GU + CHUNKS * KB + c * KB + rk).to(tl.float32)
-        a = _rnd(_rnd(g / (1.0 + tl.exp(-g)), dt) * u, dt)  # silu rounded, times up in the dtype
-        acc += tl.sum(w * a[None, :], axis=1)
-    tl.store(Out + rn, _rnd(acc, dt).to(dt), mask=nmask)
-
-
 def fused_gemv_supported(m: int, k: int) -> bool:
     """Shapes the fused GEMVs take: one row, and K a multiple of 64 (split into power-of-two chunks as
     :func:`engine.ops.triton_kernels.gemv` splits it). Batch-1 decode is the only step they are for: at
@@ -101,10 +81,14 @@ def fused_gemv_supported(m: int, k: int) -> bool:
     return m == 1 and k > 0 and k % 64 == 0
 
 
-def fused_gemv_tile(k: int) -> tuple[int, int]:
-    """(rows of ``W`` per program, warps) of the fused GEMVs: :func:`engine.ops.triton_kernels.gemv_tile`'s
-    until ``benchmarks/bench_decode_fusions.py``'s tile sweep says otherwise (more rows per program
-    recompute the prologue fewer times; fewer keep more loads in flight)."""
+def fused_gemv_tile(k: int, glu: bool = False) -> tuple[int, int]:
+    """(rows of ``W`` per program, warps) of :func:`add_rms_norm_gemv` (``glu=False``) and
+    :func:`add_rms_norm_gemv_swiglu` (``glu``: rows of gate, each with its up row). At K = 1,024 (Qwen3-0.6B)
+    the fastest within one bf16 step of the unfused output in the H200 sweep (1/2/4/8 rows x 1/2/4 warps,
+    ``results/decode_fusions_h200.json``): 4 rows / 1 warp, and 2 / 2 with the SwiGLU epilogue (more rows
+    reduce the row's norm fewer times); other K take :func:`engine.ops.triton_kernels.gemv_tile`'s."""
+    if k == 1024:
+        return (2, 2) if glu else (4, 1)
     return gemv_tile(k)
 
 
@@ -117,9 +101,10 @@ def _check(x: torch.Tensor, weight: torch.Tensor, k: int, what: str) -> None:
                          "multiple of 64")
 
 
-def _grid_tile(k: int, n: int, block_n: int | None, num_warps: int | None) -> tuple[tuple[int], int, int, int]:
+def _grid_tile(k: int, n: int, block_n: int | None, num_warps: int | None,
+               glu: bool) -> tuple[tuple[int], int, int, int]:
     kb = min(k & -k, 1024)
-    tile = fused_gemv_tile(k)
+    tile = fused_gemv_tile(k, glu)
     bn, warps = block_n or tile[0], num_warps or tile[1]
     if bn & (bn - 1) or warps & (warps - 1):  # Triton block shapes and warp counts are powers of two
         raise ValueError(f"block_n {bn} and num_warps {warps} must be powers of two")
@@ -143,7 +128,7 @@ def _launch_norm_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else x
-    grid, kb, bn, warps = _grid_tile(h, n, block_n, num_warps)
+    grid, kb, bn, warps = _grid_tile(h, n, block_n, num_warps, glu)
     _norm_gemv_kernel[grid](x, residual if residual is not None else x, norm_weight, weight, out, res_out, n,
                             eps, weight.stride(0), HP=triton.next_power_of_2(h), KB=kb, CHUNKS=h // kb, BN=bn,
                             HAS_RES=residual is not None, GLU=glu, num_warps=warps)
@@ -174,32 +159,8 @@ def add_rms_norm_gemv_swiglu(x: torch.Tensor, residual: torch.Tensor | None, nor
     """As :func:`add_rms_norm_gemv` with ``gate_up_weight`` ``[2I, H]`` = ``[gate | up]``, then SwiGLU on the
     product in the same kernel: returns ``(silu(gate) * up [1, I], s [1, H])``, rounded as the unfused chain
     (the GEMV's output in the dtype, then :func:`engine.ops.activation.silu_and_mul_reference`). Each
-    program takes matching gate and up rows, so nothing is recomputed (the alternative to
-    :func:`silu_mul_gemv`'s prologue). Raises ValueError as :func:`add_rms_norm_gemv`, or for an odd row
+    program takes matching gate and up rows, so nothing is recomputed. Raises ValueError as :func:`add_rms_norm_gemv`, or for an odd row
     count.
     """
     return _launch_norm_gemv(x, residual, norm_weight, eps, gate_up_weight, True, block_n, num_warps,
                              "add_rms_norm_gemv_swiglu")
-
-
-def silu_mul_gemv(gate_up: torch.Tensor, weight: torch.Tensor, block_n: int | None = None,
-                  num_warps: int | None = None) -> torch.Tensor:
-    """``a = silu(gate) * up`` (rounded as :func:`engine.ops.activation.silu_and_mul_reference`) then
-    ``a @ weight.T`` (float32 accumulation) in one kernel.
-
-    Args: ``gate_up`` ``[1, 2I]`` = ``[gate | up]``; ``weight`` ``[N, I]``; both bf16 or both float16, unit
-    last strides, I a multiple of 64. ``block_n`` / ``num_warps`` override :func:`fused_gemv_tile`.
-    Returns: ``[1, N]`` in the input dtype.
-    Raises ValueError for an odd last dim, shapes outside :func:`fused_gemv_supported` or mismatched
-    layouts/dtypes.
-    """
-    if gate_up.shape[-1] % 2:
-        raise ValueError(f"silu_mul_gemv: gate_up's last dim must be even, got {gate_up.shape[-1]}")
-    k = gate_up.shape[-1] // 2
-    _check(gate_up, weight, k, "silu_mul_gemv")
-    n = weight.shape[0]
-    out = torch.empty((1, n), dtype=gate_up.dtype, device=gate_up.device)
-    grid, kb, bn, warps = _grid_tile(k, n, block_n, num_warps)
-    _silu_mul_gemv_kernel[grid](gate_up, weight, out, n, weight.stride(0), KB=kb, CHUNKS=k // kb, BN=bn,
-                                num_warps=warps)
-    return out

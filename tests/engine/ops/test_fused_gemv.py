@@ -24,7 +24,7 @@ from engine.ops import linear as ops_linear
 from engine.ops import triton_fused as tf
 from engine.ops import triton_kernels as tk
 from engine.ops.activation import silu_and_mul_reference
-from engine.ops.linear import LinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp, silu_mul_linear
+from engine.ops.linear import LinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp
 from engine.ops.norm import rms_norm_reference
 
 if not CUDA:
@@ -37,7 +37,6 @@ DEV = torch.device("cuda" if CUDA else "cpu")
 HALF = [torch.bfloat16, torch.float16]
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10}
 FUSED = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True)
-EPILOGUE = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True, swiglu_epilogue=True)
 UNFUSED = LinearKernels(gemv_max_rows=1)
 
 
@@ -92,22 +91,6 @@ def test_add_rms_norm_gemv_matches_the_unfused_chain(dtype, with_residual, shape
             _assert_one_step(tiled, out)
 
 
-SWIGLU_SHAPES = [(64, 8), (192, 40), (3072, 24)] + ([(3072, 1024)] if CUDA else [])
-
-
-@pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("shape", SWIGLU_SHAPES)  # (I, N): ragged, then Qwen3-0.6B's down_proj
-def test_silu_mul_gemv_matches_the_unfused_chain(dtype, shape):
-    inter, n = shape
-    g = torch.Generator().manual_seed(inter + n)
-    gu = _rand(1, 2 * inter, dtype=dtype, gen=g, scale=3.0)
-    w = _rand(n, inter, dtype=dtype, gen=g, scale=0.05)
-    out = tf.silu_mul_gemv(gu, w)
-    _assert_one_step(out, _exact_product(silu_and_mul_reference(gu), w))
-    if n <= 64:
-        _assert_one_step(tf.silu_mul_gemv(gu, w, block_n=16, num_warps=2), out)
-
-
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("shape", [(64, 16), (192, 80), (1024, 48)])  # (H, 2I)
 def test_add_rms_norm_gemv_swiglu_matches_the_unfused_chain(dtype, shape):
@@ -142,16 +125,14 @@ def test_bad_shapes_and_layouts_raise():
         tf.add_rms_norm_gemv(x, None, nw[:32], 1e-6, w)
     with pytest.raises(ValueError, match="residual"):
         tf.add_rms_norm_gemv(x, x.half(), nw, 1e-6, w)
-    with pytest.raises(ValueError, match="even"):
-        tf.silu_mul_gemv(torch.zeros(1, 129, dtype=torch.bfloat16, device=DEV), w)
     with pytest.raises(ValueError, match="powers of two"):
-        tf.silu_mul_gemv(torch.zeros(1, 128, dtype=torch.bfloat16, device=DEV), w, block_n=3)
+        tf.add_rms_norm_gemv(x, None, nw, 1e-6, w, block_n=3)
     with pytest.raises(ValueError, match="even row count"):
         tf.add_rms_norm_gemv_swiglu(x, None, nw, 1e-6, w[:7])
     with pytest.raises(ValueError, match="K = 32"):
-        tf.silu_mul_gemv(x, w)  # I = 32 is not a multiple of 64
+        tf.add_rms_norm_gemv(x[:, :32], None, nw[:32], 1e-6, w[:, :32])  # K = 32 is not a multiple of 64
     assert tf.fused_gemv_supported(1, 1024) and not tf.fused_gemv_supported(2, 1024)
-    assert not tf.fused_gemv_supported(1, 96) and tf.fused_gemv_tile(1024) == tk.gemv_tile(1024)
+    assert not tf.fused_gemv_supported(1, 96) and tf.fused_gemv_tile(192) == tk.gemv_tile(192)
 
 
 # Compiles (does not run) the kernels for an H100/H200 (sm_90) in a fresh process: the interpreter is laxer
@@ -169,12 +150,10 @@ def build(kernel, dt, warps, **const):
     triton.compile(ASTSource(kernel, sig, const), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 for dt in ("bf16", "fp16"):
-    bn, warps = tf.fused_gemv_tile(1024)
     for has_res in (True, False):
         for glu in (False, True):
+            bn, warps = tf.fused_gemv_tile(1024, glu)
             build(tf._norm_gemv_kernel, dt, warps, HP=1024, KB=1024, CHUNKS=1, BN=bn, HAS_RES=has_res, GLU=glu)
-    bn, warps = tf.fused_gemv_tile(3072)
-    build(tf._silu_mul_gemv_kernel, dt, warps, KB=1024, CHUNKS=3, BN=bn)
 print("compiled")
 """
 
@@ -200,14 +179,16 @@ def test_kernels_compile_for_hopper():
 def fused_calls(monkeypatch):
     """Counts the fused kernels' launches through the dispatch (which looks them up on the module)."""
     calls = []
-    for name in ("add_rms_norm_gemv", "silu_mul_gemv", "add_rms_norm_gemv_swiglu"):
+    for name in ("add_rms_norm_gemv", "add_rms_norm_gemv_swiglu"):
         real = getattr(tf, name)
         monkeypatch.setattr(tf, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
     return calls
 
 
-def _dispatch_both(x, r, nw, w_in, gu, w_down, choice):
-    return add_rms_norm_linear(x, r, nw, 1e-6, w_in, choice), silu_mul_linear(gu, w_down, choice)
+def _dispatch_both(x, r, nw, w_in, w_gu, w_down, choice):
+    """The two fused entries of a decoder layer: the q/k/v projection and the MLP block."""
+    return (add_rms_norm_linear(x, r, nw, 1e-6, w_in, choice),
+            add_rms_norm_swiglu_mlp(x, r if r is not None else x, nw, 1e-6, w_gu, w_down, choice))
 
 
 def test_cpu_dispatch_is_the_unfused_chain(fused_calls):
@@ -217,15 +198,12 @@ def test_cpu_dispatch_is_the_unfused_chain(fused_calls):
     for dtype in (torch.float32, torch.bfloat16):
         x, r = torch.randn(1, 64, generator=g).to(dtype), torch.randn(1, 64, generator=g).to(dtype)
         nw, w = torch.randn(64, generator=g).to(dtype), torch.randn(16, 64, generator=g).to(dtype)
-        gu, wd = torch.randn(1, 128, generator=g).to(dtype), torch.randn(8, 64, generator=g).to(dtype)
-        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
+        gu_w, down_w = torch.randn(128, 64, generator=g).to(dtype), torch.randn(64, 64, generator=g).to(dtype)
+        (y, s), (out, s1) = _dispatch_both(x, r, nw, w, gu_w, down_w, FUSED)
         assert torch.equal(s, r + x)
         assert torch.equal(y, torch.nn.functional.linear(rms_norm_reference(r + x, nw, 1e-6), w))
-        assert torch.equal(down, torch.nn.functional.linear(silu_and_mul_reference(gu), wd))
         y0, s0 = add_rms_norm_linear(x, None, nw, 1e-6, w, FUSED)
         assert s0 is x and torch.equal(y0, torch.nn.functional.linear(rms_norm_reference(x, nw, 1e-6), w))
-        gu_w, down_w = torch.randn(128, 64, generator=g).to(dtype), torch.randn(64, 64, generator=g).to(dtype)
-        out, s1 = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, gu_w, down_w, EPILOGUE)
         want = torch.nn.functional.linear(
             silu_and_mul_reference(torch.nn.functional.linear(rms_norm_reference(r + x, nw, 1e-6), gu_w)), down_w)
         assert torch.equal(s1, r + x) and torch.equal(out, want)
@@ -240,31 +218,22 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_gpu_dispatch_fused_equals_unfused_at_qwen3_shapes(fused_calls, dtype, with_residual):
-    """Qwen3-0.6B's qkv (4096 x 1024), gate_up (6144 x 1024) and down (1024 x 3072) at one row: the fused
-    dispatch against the unfused one (our add + RMSNorm and SwiGLU kernels, then the GEMV)."""
+    """Qwen3-0.6B's qkv (4096 x 1024) and MLP block (gate_up 6144 x 1024, down 1024 x 3072) at one row: the
+    fused dispatch against the unfused one (our add + RMSNorm and SwiGLU kernels around the GEMVs)."""
     g = torch.Generator().manual_seed(11)
     x, r = _rand(1, 1024, dtype=dtype, gen=g, scale=3.0), _rand(1, 1024, dtype=dtype, gen=g)
     nw = _rand(1024, dtype=dtype, gen=g) + 1.0
     r = r if with_residual else None
-    gu = _rand(1, 6144, dtype=dtype, gen=g, scale=3.0)
+    w = _rand(4096, 1024, dtype=dtype, gen=g, scale=0.05)
+    w_gu = _rand(6144, 1024, dtype=dtype, gen=g, scale=0.05)
     wd = _rand(1024, 3072, dtype=dtype, gen=g, scale=0.03)
-    for n in (4096, 6144):
-        w = _rand(n, 1024, dtype=dtype, gen=g, scale=0.05)
-        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
-        (y_ref, s_ref), down_ref = _dispatch_both(x, r, nw, w, gu, wd, UNFUSED)
-        assert torch.equal(s, s_ref)
-        _assert_one_step(y, y_ref)
-        _assert_one_step(down, down_ref)
-    assert fused_calls == ["add_rms_norm_gemv", "silu_mul_gemv"] * 2
-    if with_residual:  # the MLP block, SwiGLU in down's prologue or in gate/up's epilogue
-        w_gu = _rand(6144, 1024, dtype=dtype, gen=g, scale=0.05)
-        ref, ref_s = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, w_gu, wd, UNFUSED)
-        for choice, kernel in ((FUSED, "silu_mul_gemv"), (EPILOGUE, "add_rms_norm_gemv_swiglu")):
-            fused_calls.clear()
-            out, s = add_rms_norm_swiglu_mlp(x, r, nw, 1e-6, w_gu, wd, choice)
-            assert torch.equal(s, ref_s) and kernel in fused_calls
-            rel = float((out.float() - ref.float()).norm() / ref.float().norm())
-            assert rel < 2 ** -8, rel  # a few gate/up elements one step apart, summed over 3072
+    (y, s), (out, s1) = _dispatch_both(x, r, nw, w, w_gu, wd, FUSED)
+    (y_ref, s_ref), (out_ref, s1_ref) = _dispatch_both(x, r, nw, w, w_gu, wd, UNFUSED)
+    assert torch.equal(s, s_ref) and torch.equal(s1, s1_ref)
+    _assert_one_step(y, y_ref)
+    rel = float((out.float() - out_ref.float()).norm() / out_ref.float().norm())
+    assert rel < 2 ** -8, rel  # a few gate/up elements one step apart, summed over 3072
+    assert fused_calls == ["add_rms_norm_gemv", "add_rms_norm_gemv_swiglu"]
 
 
 @pytest.mark.gpu
@@ -275,10 +244,11 @@ def test_gpu_dispatch_falls_back_beyond_the_gemv_rows(fused_calls):
     for rows, dtype in ((2, torch.bfloat16), (1, torch.float32)):
         x, r = _rand(rows, 256, dtype=dtype, gen=g), _rand(rows, 256, dtype=dtype, gen=g)
         nw, w = _rand(256, dtype=dtype, gen=g), _rand(64, 256, dtype=dtype, gen=g)
-        gu, wd = _rand(rows, 512, dtype=dtype, gen=g), _rand(64, 256, dtype=dtype, gen=g)
-        (y, s), down = _dispatch_both(x, r, nw, w, gu, wd, FUSED)
-        (y_ref, s_ref), down_ref = _dispatch_both(x, r, nw, w, gu, wd, UNFUSED)
-        assert torch.equal(y, y_ref) and torch.equal(s, s_ref) and torch.equal(down, down_ref)
+        w_gu, wd = _rand(512, 256, dtype=dtype, gen=g), _rand(64, 256, dtype=dtype, gen=g)
+        (y, s), (out, s1) = _dispatch_both(x, r, nw, w, w_gu, wd, FUSED)
+        (y_ref, s_ref), (out_ref, s1_ref) = _dispatch_both(x, r, nw, w, w_gu, wd, UNFUSED)
+        assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
+        assert torch.equal(out, out_ref) and torch.equal(s1, s1_ref)
     assert fused_calls == []
     assert ops_linear.REFERENCE.fused_norm_gemv is False
 
@@ -287,25 +257,20 @@ def test_gpu_dispatch_falls_back_beyond_the_gemv_rows(fused_calls):
 @needs_cuda
 def test_gpu_engine_greedy_tokens_equal_with_and_without_fusion(fused_calls):
     """The tiny MOSS-TD decoder in bf16 on the GPU: greedy tokens with the fused decode GEMVs (captured in
-    the batch-1 graph) are those without them; also with SwiGLU in the gate/up epilogue (eager steps, so
-    the choice set after construction applies), and the fused kernels did run."""
+    the batch-1 graph, and in eager steps) are those without them, and the fused kernels did run."""
     from engine import Engine, EngineConfig, Sequence
-    from engine.ops.linear import set_linear_kernels
     from tests.engine.test_async_decode import TINY
 
-    runs = {"off": (False, 64, None), "on": (True, 64, None), "epilogue": (True, 0, EPILOGUE)}
-    kernels = {"off": set(), "on": {"add_rms_norm_gemv", "silu_mul_gemv"},
-               "epilogue": {"add_rms_norm_gemv", "add_rms_norm_gemv_swiglu"}}
+    runs = {"off": (False, 64), "on": (True, 64), "eager": (True, 0)}
+    both = {"add_rms_norm_gemv", "add_rms_norm_gemv_swiglu"}
+    kernels = {"off": set(), "on": both, "eager": both}
     outs = {}
-    for name, (fused, graph_bs, choice) in runs.items():
+    for name, (fused, graph_bs) in runs.items():
         eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY, device="cuda",
                                   dtype="bfloat16", fused_decode_gemv=fused, cuda_graph_max_bs=graph_bs,
                                   kv_budget_bytes=32 << 20, max_running_requests=8, seed=7))
         assert eng.config.small_batch_gemv and eng.config.fused_decode_gemv is fused
         assert (eng.runner.graphs is not None) == (graph_bs > 0)
-        if choice is not None:  # from here on: what the engine ran at construction had the config's choice
-            set_linear_kernels(eng.model, choice)
-            fused_calls.clear()
         gen = torch.Generator().manual_seed(0)
         seqs = [Sequence(prompt_ids=torch.randint(0, 512, (int(n),), generator=gen).tolist(), max_new_tokens=24,
                          ignore_eos=True) for n in (5, 40, 77)]
@@ -316,4 +281,4 @@ def test_gpu_engine_greedy_tokens_equal_with_and_without_fusion(fused_calls):
         assert set(fused_calls) == kernels[name], (name, set(fused_calls))
         fused_calls.clear()
     assert all(len(o) == 24 for o in outs["off"])
-    assert outs["on"] == outs["off"] and outs["epilogue"] == outs["off"]
+    assert outs["on"] == outs["off"] and outs["eager"] == outs["off"]
