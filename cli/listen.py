@@ -12,9 +12,8 @@ from __future__ import annotations
 import errno
 import socket
 
-MAX_PORT = 65535
-"""Largest TCP port number (RFC 793's 16-bit field). Checked here because getaddrinfo takes a larger one
-(glibc wraps it modulo 65536) while uvicorn's bind raises OverflowError, a traceback after the model loads."""
+from diarist.settings import MAX_PORT  # checked here too: getaddrinfo takes a larger one (glibc wraps it
+# modulo 65536) while uvicorn's bind raises OverflowError, a traceback after the model loads
 
 
 class CannotListen(Exception):

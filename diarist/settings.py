@@ -94,6 +94,81 @@ def coerce_engine_urls(value: Any) -> list[str]:
     return parse_engine_urls(value) if isinstance(value, str) else check_engine_urls(value)
 
 
+MAX_PORT = 65535
+"""Largest TCP port number (RFC 793's 16-bit field)."""
+
+CREDENTIAL_FIELDS = ("secret", "key", "database_url", "broker_url", "events_url")
+"""Parts of setting names whose values may hold a credential (a URL's password): a rejected value of such a
+setting is never echoed in the error (:class:`EnvSettings`)."""
+
+
+def check_database_url(url: str) -> str:
+    """``url`` when SQLAlchemy can use it: parsed by SQLAlchemy's own parser (``make_url``), with a dialect
+    and DBAPI driver that are installed (``postgresql+psycopg``, ``sqlite``) and a port in ``0..MAX_PORT``.
+    Nothing is connected: a server that is down is an outage when it is used, not a bad setting.
+
+    Raises:
+        ValueError: the reason, never the URL itself (it may hold a password).
+    """
+    from sqlalchemy import exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError:
+        raise ValueError("not a SQLAlchemy URL (dialect+driver://user:password@host:port/database)") from None
+    except ValueError as e:  # make_url's int() of a port that is not a number
+        raise ValueError(f"not a SQLAlchemy URL: {e}") from None
+    if parsed.port is not None and not 0 <= parsed.port <= MAX_PORT:
+        raise ValueError(f"port {parsed.port} is outside 0-{MAX_PORT}")
+    try:
+        parsed.get_dialect().import_dbapi()
+    except exc.NoSuchModuleError:
+        raise ValueError(f"unknown database dialect or driver {parsed.drivername!r}") from None
+    except ImportError as e:
+        raise ValueError(f"the driver of {parsed.drivername!r} is not installed ({e})") from None
+    return url
+
+
+def check_broker_url(url: str) -> str:
+    """``url`` when Celery can use it as a broker: parsed by kombu's own parser (``kombu.utils.url.parse_url``)
+    with a transport kombu knows (``redis``, ``rediss``, ``memory``, ``filesystem``, ``amqp``, ...; kombu's
+    ``sqla+<db>`` form is named by the part before ``+``, as kombu's Connection reads it). Nothing is connected.
+
+    Raises:
+        ValueError: the reason, never the URL itself (it may hold a password).
+    """
+    from kombu.transport import TRANSPORT_ALIASES
+    from kombu.utils.url import parse_url
+
+    try:
+        transport = parse_url(url)["transport"]
+    except ValueError as e:  # urllib's port check: "Port could not be cast to integer value as ..."
+        raise ValueError(f"not a broker URL: {e}") from None
+    if "://" not in url:
+        raise ValueError("not a broker URL (transport://user:password@host:port/vhost, e.g. "
+                         "redis://localhost:6379/0)")
+    if transport.split("+", 1)[0] not in TRANSPORT_ALIASES:  # the names kombu resolves (its registry)
+        raise ValueError(f"unknown broker transport {transport!r}")
+    return url
+
+
+def check_redis_url(url: str) -> str:
+    """``url`` when redis-py can connect with it: parsed by redis-py's own parser
+    (``redis.connection.parse_url``: ``redis://``, ``rediss://`` or ``unix://``, a numeric port, a db number).
+
+    Raises:
+        ValueError: the reason, never the URL itself.
+    """
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as e:
+        raise ValueError(f"not a Redis URL: {e}") from None
+    return url
+
+
 class InvalidSettings(ValueError):
     """Settings read from the environment that do not validate; the message names each variable.
 
@@ -123,8 +198,10 @@ class EnvSettings(BaseSettings):
                 name = prefix_of(self) + field.upper() if field else type(self).__name__
                 names.append(name)
                 # a credential never reaches the operator's log, even one that failed its check
-                shown = "" if any(w in field for w in ("secret", "key")) else f" (got {err.get('input')!r})"
-                lines.append(f"{name}: {err['msg']}{shown}")
+                shown = "" if any(w in field for w in CREDENTIAL_FIELDS) else f" (got {err.get('input')!r})"
+                # our validators' reason as they wrote it, without pydantic's "Value error, " prefix
+                msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+                lines.append(f"{name}: {msg}{shown}")
             raise InvalidSettings("; ".join(lines), names) from None
         except SettingsError as e:  # a list or dict variable that is not JSON; the message names its field
             field = re.search(r'field "(\w+)"', str(e))
@@ -281,6 +358,25 @@ class Settings(EnvSettings):
     audio_url_allow_hosts: list[str] = Field(
         [], description="`audio_url` hosts, IPs or CIDRs the API may download from even when not globally "
         "routable; empty: public addresses only.")
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        """A URL SQLAlchemy cannot parse or load a driver for is a bad setting (:func:`check_database_url`)."""
+        return None if value is None else check_database_url(value)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        """A URL kombu cannot parse, or of a transport it does not know, is a bad setting
+        (:func:`check_broker_url`)."""
+        return None if value is None else check_broker_url(value)
+
+    @field_validator("events_url")
+    @classmethod
+    def _events_url(cls, value: str | None) -> str | None:
+        """A URL redis-py cannot parse is a bad setting (:func:`check_redis_url`)."""
+        return None if value is None else check_redis_url(value)
 
     @field_validator("engine_url", mode="before")
     @classmethod
