@@ -1,5 +1,6 @@
 """The listen-address check every serving command runs before it starts anything (``serve``, ``engine``,
-``demo --port``).
+``demo --port``), and the socket it then serves on (:func:`bind_listen`: port 0 is the free port the OS picks,
+and the printed URL names that port).
 
 A port already taken would otherwise surface only when uvicorn binds it, after the database, the workers and
 the model (minutes of weight loading and graph capture) have started, as a log line and exit status 3. The
@@ -12,8 +13,9 @@ from __future__ import annotations
 import errno
 import socket
 
-from diarist.settings import MAX_PORT  # checked here too: getaddrinfo takes a larger one (glibc wraps it
-# modulo 65536) while uvicorn's bind raises OverflowError, a traceback after the model loads
+# MAX_PORT is checked here too: getaddrinfo takes a larger port (glibc wraps it modulo 65536) while uvicorn's
+# bind raises OverflowError, a traceback after the model loads
+from diarist.settings import MAX_PORT
 
 
 class CannotListen(Exception):
@@ -44,3 +46,32 @@ def check_listen(host: str, port: int) -> None:
     except OSError as e:
         code = "address_in_use" if e.errno == errno.EADDRINUSE else "cannot_listen"
         raise CannotListen(code, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def bind_listen(host: str, port: int) -> socket.socket:
+    """:func:`check_listen` ``(host, port)``, then a socket bound to it and not yet listening, for
+    ``uvicorn.Server.run(sockets=[...])``, which listens once the app is ready: until then a client is refused
+    rather than left waiting, as with a port uvicorn binds itself. ``port`` 0 binds the free port the OS
+    picks: read it with ``sock.getsockname()[1]`` and print that one. The caller owns (closes) the socket.
+
+    Raises:
+        CannotListen: as :func:`check_listen`.
+    """
+    check_listen(host, port)
+    family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        sock.bind(addr)
+    except OSError as e:  # taken between the check and here
+        sock.close()
+        code = "address_in_use" if e.errno == errno.EADDRINUSE else "cannot_listen"
+        raise CannotListen(code, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def url_of(host: str, sock: socket.socket) -> str:
+    """``http://HOST:PORT`` of ``sock`` bound on ``host`` (an IPv6 address in brackets, RFC 3986), with the
+    port it is bound to, not the one asked for (0)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{sock.getsockname()[1]}"

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 
-def run_until_signal(server: Any) -> None:
+def run_until_signal(server: Any, sock: socket.socket | None = None) -> None:
     """Run ``server`` (a ``uvicorn.Server``) in this thread until SIGINT or SIGTERM, then return (the previous
-    handlers are restored). Must be called on the main thread (Python delivers signals there)."""
+    handlers are restored). ``sock``: a bound socket to serve on (:func:`cli.listen.bind_listen`) instead of
+    the config's host and port. Must be called on the main thread (Python delivers signals there)."""
 
     @contextlib.contextmanager
     def on_signals() -> Iterator[None]:
@@ -31,4 +33,4 @@ def run_until_signal(server: Any) -> None:
                 signal.signal(s, h)
 
     server.capture_signals = on_signals
-    server.run()
+    server.run(sockets=None if sock is None else [sock])

@@ -6,17 +6,23 @@ Loads the model once and serves workers over loopback (see :mod:`engine_server.s
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cli.commands import plain
 from cli.options import add_dummy_config, dummy_config
 from engine.config import KV_DTYPES, MODEL_FAMILIES
 
+if TYPE_CHECKING:
+    import socket
+
+    from diarist.settings import Settings
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("engine", help="run the engine server (one per GPU)", description=plain(__doc__))
     p.add_argument("--host", default=None, help="listen address (default DIARIST_ENGINE_HOST, 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_ENGINE_PORT, 8100; 0: a free "
+                   "one, printed)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE)")
     p.add_argument("--model", default=None, choices=MODEL_FAMILIES, help="model family (default DIARIST_MODEL)")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default DIARIST_MODEL_PATH; whisper: "
@@ -33,18 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import socket
-
-    import uvicorn
-
-    from cli.listen import check_listen
-    from cli.serving import run_until_signal
+    from cli.listen import bind_listen
     from diarist.logs import configure_logging
-    from diarist.scratch import Scratch
     from diarist.settings import Settings
-    from engine import Engine
     from engine.resolve import check_device
-    from engine_server.server import create_engine_app
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)
@@ -53,7 +51,25 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or st.device
     dummy = dummy_config(args.dummy_config, args.model or st.model, args.load_format or st.load_format)
     check_device(device)  # DeviceUnavailable before anything listens
-    check_listen(host, port)  # a port in use: one line and exit 2 before the model loads (cli.listen)
+    # a port in use: one line and exit 2 before the model loads; bound, not listening, until the model is ready
+    with bind_listen(host, port) as sock:  # closed however the start ends
+        return _serve(args, st, host, sock, device, dummy)
+
+
+def _serve(args: argparse.Namespace, st: Settings, host: str, sock: socket.socket, device: str,
+           dummy: dict[str, Any] | None) -> int:
+    """Load the model, then serve on ``sock`` (bound) until SIGINT / SIGTERM."""
+    import socket
+
+    import uvicorn
+
+    from cli.listen import url_of
+    from cli.serving import run_until_signal
+    from diarist.scratch import Scratch
+    from engine import Engine
+    from engine_server.server import create_engine_app
+
+    port = sock.getsockname()[1]  # --port 0: the free port the OS picked, the one printed and served
     engine = Engine(st.engine_config(model=args.model, model_path=args.model_path, device=device,
                                      load_format=args.load_format, dummy_config=dummy, kv_dtype=args.kv_dtype))
     engine.start()
@@ -70,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     kv = engine.stats()["kv_storage_dtype"]
     print(f"Diarist engine ({device}, {c.dtype}, KV cache {kv}, {c.attention_backend} attention, CUDA graphs "
           f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
-          f"{'on' if c.async_decode else 'off'}) listening on http://{host}:{port}", flush=True)
+          f"{'on' if c.async_decode else 'off'}) listening on {url_of(host, sock)}", flush=True)
     if engine.random_weights:
         print("warning: RANDOM weights (load_format=dummy): every transcript is noise", flush=True)
     for line in engine.fallbacks:
@@ -78,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                            log_config=None))
     try:
-        run_until_signal(server)  # SIGTERM returns here, so the engine loop stops and the scratch goes
+        run_until_signal(server, sock)  # SIGTERM returns here, so the engine loop stops and the scratch goes
     finally:
         engine.shutdown()
         scratch.close()

@@ -19,7 +19,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--embedded", action="store_true", help="SQLite + local store + in-process worker and engine")
     p.add_argument("--host", default=None, help="listen address (default DIARIST_HOST or 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default DIARIST_PORT or 8000; 0: a free one, printed)")
     p.add_argument("--data-dir", default=None, help="embedded mode's data folder (default DIARIST_DATA_DIR or .diarist)")
     p.add_argument("--workers", type=int, default=None, help="API processes on the one port (default "
                    "DIARIST_API_WORKERS, 1); not with --embedded")
@@ -37,8 +37,9 @@ def run(args: argparse.Namespace) -> int:
     st = Settings()
     get_admin_settings()  # here, before any process starts: uvicorn's --workers children build the app
     configure_logging(st.log_format, st.log_level)
-    host, port = args.host or st.host, args.port or st.port
-    from cli.listen import check_listen
+    host = args.host or st.host
+    port = args.port if args.port is not None else st.port  # 0 is a port (any free one), not "unset"
+    from cli.listen import bind_listen, url_of
     from cli.options import BadOption
 
     if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):
@@ -52,26 +53,39 @@ def run(args: argparse.Namespace) -> int:
         overrides = {k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v}
         est = embedded_settings(st, **overrides)
         check_device(est.device)  # as `diarist engine`: a missing device first, then the port
-        check_listen(host, port)  # a port in use: one line and exit 2 before the stack starts (cli.listen)
-        stack = EmbeddedStack(est).start()
-        print(f"Diarist (embedded) listening on http://{host}:{port}  (API docs: http://{host}:{port}/docs)",
-              flush=True)
+        # a port in use: one line and exit 2 before the stack starts (cli.listen); --port 0: the OS picks it
+        sock = bind_listen(host, port)
         try:
-            stack.serve_forever(host, port)
+            stack = EmbeddedStack(est).start()
+            url = url_of(host, sock)
+            print(f"Diarist (embedded) listening on {url}  (API docs: {url}/docs)", flush=True)
+            try:
+                stack.serve_forever(sock)
+            finally:
+                stack.stop()
         finally:
-            stack.stop()
+            sock.close()
         return 0
 
     import uvicorn
 
-    check_listen(host, port)  # before uvicorn builds the app and its connections
+    from cli.serving import run_until_signal
+
+    sock = bind_listen(host, port)  # before uvicorn builds the app and its connections; --port 0: the OS picks
     workers = args.workers or st.api_workers
+    print(f"Diarist API listening on {url_of(host, sock)}", flush=True)
     if workers > 1:  # each process builds its own services from the same settings (the factory below)
+        # uvicorn's supervisor binds the port itself for its children (it takes no socket): hand it the number
+        port = sock.getsockname()[1]
+        sock.close()
         uvicorn.run("cli.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,
                     log_level=st.log_level.lower(), lifespan="on", log_config=None)
-    else:
-        uvicorn.run(create_api(), host=host, port=port, log_level=st.log_level.lower(), lifespan="on",
-                    log_config=None)  # our handler (diarist.logs) formats uvicorn's lines too
+        return 0
+    try:  # our handler (diarist.logs) formats uvicorn's lines too
+        run_until_signal(uvicorn.Server(uvicorn.Config(create_api(), log_level=st.log_level.lower(),
+                                                       lifespan="on", log_config=None)), sock)
+    finally:
+        sock.close()
     return 0
 
 

@@ -114,15 +114,16 @@ class EmbeddedStack:
             time.sleep(0.02)
         return self.url
 
-    def serve_forever(self, host: str, port: int) -> None:
-        """Serve HTTP in the foreground until Ctrl-C / SIGTERM, then return (the caller stops the stack)."""
+    def serve_forever(self, sock: socket.socket) -> None:
+        """Serve HTTP on ``sock`` (bound, :func:`cli.listen.bind_listen`) in the foreground until Ctrl-C /
+        SIGTERM, then return (the caller stops the stack and closes the socket)."""
         import uvicorn
 
         from cli.serving import run_until_signal
 
-        server = uvicorn.Server(uvicorn.Config(self.app, host=host, port=port, log_level="info", lifespan="on",
+        server = uvicorn.Server(uvicorn.Config(self.app, log_level="info", lifespan="on",
                                                log_config=None))  # lines go through diarist.logs
-        run_until_signal(server)  # returns on SIGINT/SIGTERM, so the caller's stop() runs
+        run_until_signal(server, sock)  # returns on SIGINT/SIGTERM, so the caller's stop() runs
 
     def stop(self) -> None:
         """Stop HTTP, the worker threads and (if this stack started it) the engine loop."""
