@@ -35,8 +35,9 @@ def dummy_config(text: str | None, model: str, load_format: str) -> dict[str, An
     weights only, so with any other format it is refused rather than silently ignored.
 
     Raises:
-        BadOption: ``bad_option`` for text that is not a JSON object, or the option without
-            ``load_format`` dummy; ``bad_model`` for ``tiny`` of an unknown model family.
+        BadOption: ``bad_option`` for text that is not a JSON object, a field the model family's config
+            class does not have or a value of the wrong type (the message names the field), or the option
+            without ``load_format`` dummy; ``bad_model`` for ``tiny`` of an unknown model family.
     """
     if text is None:
         return None
@@ -57,4 +58,10 @@ def dummy_config(text: str | None, model: str, load_format: str) -> dict[str, An
     if not isinstance(conf, dict):
         raise BadOption("bad_option", f"--dummy-config must be a JSON object of config fields, or 'tiny'; "
                                       f"got {text!r}")
+    from engine.loaders.dummy_fields import check_dummy_config
+
+    try:  # the fields are the model config class's (engine.loaders.dummy_fields)
+        check_dummy_config(model, conf)
+    except ValueError as e:
+        raise BadOption("bad_option", f"--dummy-config: {e}") from None
     return conf
