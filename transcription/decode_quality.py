@@ -4,9 +4,12 @@ The checks and thresholds are OpenAI Whisper's (``whisper/transcribe.py``: ``tem
 1.0)``, ``compression_ratio_threshold=2.4``, ``logprob_threshold=-1.0``, ``no_speech_threshold=0.6``), also
 faster-whisper's defaults, plus our loop guard (``transcription.repetition``):
 
-- an attempt **fails** when the loop guard stopped it (``repetition``), it ran out of budget (``length``:
-  a window's budget is twice dense speech, so only a loop reaches it), its text compresses more than 2.4x
+- an attempt **fails** when the loop guard stopped it (``repetition``), its text compresses more than 2.4x
   with zlib (a repetitive transcript), or its mean token log-probability is below -1;
+- an attempt that ran out of budget (``length``) without repeating is **truncated**, not a loop: the
+  default budget is twice dense speech, but a smaller ``max_new_tokens`` stops fluent text; decoding it again
+  at another temperature would stop at the same limit, so it is kept as it is and flagged
+  :data:`TRUNCATED` (the transcript is incomplete);
 - an attempt is **silence** (no text kept, no fallback) when the model's no-speech probability is above
   0.6 and either its mean log-probability is below -1 (the reference decoder's skip rule) or the VAD is
   unsure of the window (Silero's mean probability over the window's speech frames below
@@ -47,8 +50,13 @@ VAD_CONFIDENT = 0.8
 """Mean Silero speech probability (over a window's speech frames) at and above which the VAD is sure."""
 
 LOOP = "repetition"
-"""Flag of a window whose kept attempt the loop guard or the budget stopped: text after it may be missing
-(the transcript is incomplete)."""
+"""Flag of a window whose kept attempt the loop guard stopped, or the budget stopped in text that repeats:
+text after it may be missing (the transcript is incomplete)."""
+
+TRUNCATED = "max_new_tokens"
+"""Flag (and result warning code) of a window whose kept attempt stopped at its token budget
+(``max_new_tokens``, finish ``length``) in text that does not repeat: the rest of the window's speech is
+missing (the transcript is incomplete), and no loop is reported."""
 
 REPETITIVE = "repetitive"
 """Flag of a window whose kept attempt reached end-of-text but compresses like a loop: a hallucinated
@@ -88,8 +96,13 @@ class AttemptQuality:
 
     @property
     def looped(self) -> bool:
-        return (self.finish_reason in (FinishReason.REPETITION, FinishReason.LENGTH)
-                or self.compression_ratio > COMPRESSION_RATIO_MAX)
+        """The loop guard stopped it, or its text compresses like a loop (a budget stop alone is not one)."""
+        return self.finish_reason == FinishReason.REPETITION or self.compression_ratio > COMPRESSION_RATIO_MAX
+
+    @property
+    def truncated(self) -> bool:
+        """It stopped at its token budget (``length``) without looping: text is missing, but not a loop."""
+        return self.finish_reason == FinishReason.LENGTH and not self.looped
 
     @property
     def low_confidence(self) -> bool:
@@ -110,12 +123,17 @@ class AttemptQuality:
 
     @property
     def flag(self) -> str | None:
-        """:data:`LOOP`, :data:`REPETITIVE`, :data:`LOW_CONFIDENCE` or ``None`` for an attempt that passed."""
-        if not self.failed:
+        """:data:`LOOP`, :data:`REPETITIVE`, :data:`TRUNCATED`, :data:`LOW_CONFIDENCE`, or ``None`` for an
+        attempt that passed. A stop before end-of-text outranks the quality flags: it means missing text."""
+        if self.silence:
             return None
-        if self.finish_reason in (FinishReason.REPETITION, FinishReason.LENGTH):
+        if self.looped and self.finish_reason in (FinishReason.REPETITION, FinishReason.LENGTH):
             return LOOP
-        return REPETITIVE if self.looped else LOW_CONFIDENCE
+        if self.looped:
+            return REPETITIVE
+        if self.truncated:
+            return TRUNCATED
+        return LOW_CONFIDENCE if self.low_confidence else None
 
     def rank(self) -> tuple[bool, float]:
         """Sort key of the best attempt (larger is better): reached end-of-text first, then the mean

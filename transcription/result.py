@@ -56,7 +56,7 @@ def merge_channels(model: str | None, results: list[dict], frames: int, sample_r
     """One result for a multichannel recording (``frames`` samples per channel at ``sample_rate`` Hz) from
     its channels' results, in channel order: segments labelled ``CH<n>`` and sorted by time, metrics summed
     (the queue wait: the longest), the first finish reason that is not ``stop``, the language of the first
-    channel that found one, every channel's speech and windows, and each channel's incomplete reason."""
+    channel that found one, every channel's speech and windows, and each channel's incomplete reason and warnings."""
     segments = sorted(({**seg, "speaker": f"CH{ch + 1}", "channel": ch}
                        for ch, r in enumerate(results) for seg in r["segments"]),
                       key=lambda s: (s["start"], s["end"]))
@@ -76,6 +76,8 @@ def merge_channels(model: str | None, results: list[dict], frames: int, sample_r
                if r.get("incomplete_reason")]
     if reasons:
         out["incomplete"], out["incomplete_reason"] = True, "; ".join(reasons)
+    out["warnings"] = [{**w, "message": f"channel {ch + 1}: {w['message']}"}
+                       for ch, r in enumerate(results) for w in r.get("warnings", [])]
     return out
 
 

@@ -33,7 +33,7 @@ from transcription.speech import SpeechConfidence, cascade_device, detect_speech
 from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from transcription.whisper_segments import WindowSegments
 from transcription.window_decoder import WindowDecoder, WindowResult
-from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
+from transcription.window_outcome import incomplete_reason, truncation_warnings, window_finish, window_metrics
 from transcription.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48
@@ -137,6 +137,8 @@ class WhisperPipeline:
         result["non_speech"] = [[w["start"], w["end"]] for w in result["windows"] if w["status"] == "no_speech"]
         if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
             result["incomplete"], result["incomplete_reason"] = True, reason
+        if finish != FinishReason.ABORT.value:
+            result["warnings"] = result.get("warnings", []) + truncation_warnings(results)
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result

@@ -23,7 +23,8 @@ word, and each choice is the one that keeps windows that start at a silence inde
    window from the segment's end.
 
 A window whose attempts all fail is kept (its best text) and flagged: :data:`decode_quality.LOOP` makes
-the transcript incomplete, :data:`decode_quality.REPETITIVE` and :data:`decode_quality.LOW_CONFIDENCE`
+the transcript incomplete, as :data:`decode_quality.TRUNCATED` does (a window stopped at its token budget in
+text that does not repeat: kept, never decoded again, since another attempt stops at the same limit), :data:`decode_quality.REPETITIVE` and :data:`decode_quality.LOW_CONFIDENCE`
 only mark its segments. A window the
 model takes as silence (``AttemptQuality.silence``) keeps no text.
 """
@@ -73,7 +74,8 @@ class WindowResult:
         output_ids: the output tokens the transcript keeps.
         quality: that attempt's checks; ``attempts``: how many decodes the window took.
         status: ``ok``, ``no_speech`` (taken as silence, no text) or ``failed`` (every attempt failed).
-        flag: ``decode_quality.LOOP`` / ``REPETITIVE`` / ``LOW_CONFIDENCE`` for a failed window, else ``None``.
+        flag: ``decode_quality.LOOP`` / ``REPETITIVE`` / ``LOW_CONFIDENCE`` for a failed window,
+            ``TRUNCATED`` for one whose text stopped at the token budget (failed or ok), else ``None``.
         segments: the transcript segments made from it (set by the decoder's ``finalize``); ``preview``: its
             segments without words (for the events sent while other windows still decode).
     """
@@ -259,14 +261,15 @@ class WindowDecoder:
             self._accept(task, best_seq, best_q, [], "no_speech", None, w.end)
             return
         loop_at = getattr(best_seq.stop_checker, "loop_start", None)
-        if best_q.failed and loop_at is not None and task.resumes < MAX_RESUMES:
+        if best_q.looped and loop_at is not None and task.resumes < MAX_RESUMES:
             # the guard found where the loop starts: keep the segments before it, decode the rest again
             good, t_good = self._cut_at(best_seq.output_ids[:loop_at], w.duration)
             if t_good >= MIN_ADVANCE_S:
                 self._accept(task, best_seq, best_q, good, "ok", None, w.start + t_good)
                 self._replan(w.start + t_good, task.group_end, task.resumes + 1)
                 return
-        status, flag = ("failed", best_q.flag) if best_q.failed else ("ok", None)
+        # a truncated attempt is not failed (nothing to retry) but keeps its flag: its text stops at the budget
+        status, flag = ("failed" if best_q.failed else "ok"), best_q.flag
         end = w.end
         if task.cut:
             good, t_seam = self._cut_at(ids, w.duration - SEAM_MARGIN_S)

@@ -1,21 +1,25 @@
-"""What a recording's window results say about the whole transcript: finish reason, metrics, completeness."""
+"""What a recording's window results say about the whole transcript: finish reason, metrics, completeness,
+warnings."""
 
 from __future__ import annotations
 
 from engine.request import FinishReason, Sequence
-from transcription.decode_quality import LOOP
+from transcription.decode_quality import LOOP, TRUNCATED
 from transcription.window_decoder import WindowResult
 
 
 def window_finish(results: list[WindowResult], canceled: bool) -> FinishReason:
     """``abort`` after a cancel; ``repetition`` (or ``length``, when that was the kept attempt's stop) when a
-    window still looped after every fallback and resume; else ``stop``: a loop that a later attempt
-    recovered from is not reported, since no text was lost."""
+    window still looped after every fallback and resume; ``length`` when a window stopped at its token budget
+    without looping (:data:`TRUNCATED`); else ``stop``: a loop that a later attempt recovered from is not
+    reported, since no text was lost."""
     if canceled:
         return FinishReason.ABORT
     for r in results:
         if r.flag == LOOP:
             return FinishReason.LENGTH if r.seq.finish_reason == FinishReason.LENGTH else FinishReason.REPETITION
+    if any(r.flag == TRUNCATED for r in results):
+        return FinishReason.LENGTH
     return FinishReason.STOP
 
 
@@ -31,12 +35,32 @@ def window_metrics(results: list[WindowResult], seqs: list[Sequence]) -> dict:
             "windows_failed": len(failed), "failed_s": sum(r.end - r.window.start for r in failed)}
 
 
+def _spans(results: list[WindowResult]) -> str:
+    """The first five windows' spans (seconds), for a message."""
+    return ", ".join(f"{r.window.start:.1f}-{r.end:.1f} s" for r in results[:5]) + (" ..." if len(results) > 5 else "")
+
+
+def _truncation_message(cut: list[WindowResult]) -> str:
+    limits = sorted({r.seq.max_new_tokens for r in cut})
+    return (f"decoding stopped at the token limit (max_new_tokens {', '.join(map(str, limits))}) in {len(cut)} "
+            f"window(s) ({_spans(cut)}); their segments are flagged '{TRUNCATED}'")
+
+
 def incomplete_reason(results: list[WindowResult]) -> str | None:
-    """Why the transcript misses text: the windows that still looped after every fallback and resume
-    (seconds), or ``None`` when none did (low-confidence windows keep their text: flagged, not missing)."""
-    bad = [r for r in results if r.flag == LOOP]
-    if not bad:
-        return None
-    spans = ", ".join(f"{r.window.start:.1f}-{r.end:.1f} s" for r in bad[:5]) + (" ..." if len(bad) > 5 else "")
-    return (f"decoding still looped after every temperature fallback in {len(bad)} window(s) ({spans}); "
-            f"their segments are flagged '{LOOP}'")
+    """Why the transcript misses text: the windows that still looped after every fallback and resume, and
+    those stopped at their token budget (seconds), or ``None`` when none did (low-confidence windows keep
+    their text: flagged, not missing)."""
+    reasons = []
+    if bad := [r for r in results if r.flag == LOOP]:
+        reasons.append(f"decoding still looped after every temperature fallback in {len(bad)} window(s) "
+                       f"({_spans(bad)}); their segments are flagged '{LOOP}'")
+    if cut := [r for r in results if r.flag == TRUNCATED]:
+        reasons.append(_truncation_message(cut))
+    return "; ".join(reasons) or None
+
+
+def truncation_warnings(results: list[WindowResult]) -> list[dict]:
+    """A :data:`TRUNCATED` result warning (``{code, message, count}``, ``count`` the windows) when a window
+    stopped at its token budget without looping; else none."""
+    cut = [r for r in results if r.flag == TRUNCATED]
+    return [{"code": TRUNCATED, "count": len(cut), "message": _truncation_message(cut)}] if cut else []

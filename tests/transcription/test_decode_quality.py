@@ -12,6 +12,7 @@ from transcription.decode_quality import (
     LOOP,
     LOW_CONFIDENCE,
     REPETITIVE,
+    TRUNCATED,
     AttemptQuality,
     compression_ratio,
 )
@@ -32,7 +33,10 @@ def test_compression_ratio_is_whispers():
 @pytest.mark.parametrize(("attempt", "failed", "flag"), [
     (q(), False, None),
     (q(finish=FinishReason.REPETITION), True, LOOP),
-    (q(finish=FinishReason.LENGTH), True, LOOP),
+    # the budget alone is no loop: truncated text, kept as it is (no fallback), flagged max_new_tokens
+    (q(finish=FinishReason.LENGTH), False, TRUNCATED),
+    (q(finish=FinishReason.LENGTH, cr=3.0), True, LOOP),  # the budget stopped text that repeats
+    (q(finish=FinishReason.LENGTH, lp=-1.2), True, TRUNCATED),  # retried for confidence; text still cut
     (q(cr=2.5), True, REPETITIVE),
     (q(lp=-1.2), True, LOW_CONFIDENCE),
     (q(lp=-1.2, cr=3.0), True, REPETITIVE),
