@@ -7,12 +7,29 @@ from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from diarist.contract.options import MAX_SPEAKERS, OPTION_FIELDS, TASKS, check_hints
 from diarist.contract.result import EngineMetrics
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
+
+PROGRESS_DECIMALS = 3
+"""Decimals of a job's ``progress`` (0..1) as the API serves it (job objects and live events): a tenth of a
+percent, finer than any progress bar, without the float noise of a fraction like 1/3."""
+
+
+def served_progress(progress: float) -> float:
+    """``progress`` (0..1) rounded to :data:`PROGRESS_DECIMALS`, as every API answer and event carries it."""
+    return round(progress, PROGRESS_DECIMALS)
 
 Status = Literal["queued", "processing", "completed", "failed", "canceled"]
 TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"]
@@ -119,6 +136,10 @@ class JobOut(BaseModel):
     error: ErrorInfo | None = None
     metrics: Metrics | None = None
     webhook: WebhookState | None = None
+
+    @field_serializer("progress")
+    def _progress(self, value: float) -> float:
+        return served_progress(value)
 
     @classmethod
     def from_row(cls, job: Job, deliveries: int = 0) -> JobOut:

@@ -16,6 +16,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.deps import JobId, PrincipalDep, ServicesDep, load_job
 from api.routes.jobs import ERRORS
+from api.schemas import served_progress
 from diarist.events import Subscription
 from diarist.models import FINAL_STATES, Job
 from diarist.services import Services
@@ -52,20 +53,29 @@ SECONDS_FIELDS = {"segment": ("start", "end")}
 
 
 def _served(ev: dict) -> dict:
-    """``ev`` as clients get it: its times rounded (:func:`diarist.times.round_seconds`), once, here,
-    for every stream that reads :func:`job_events` (this route and the OpenAI-compatible one)."""
+    """``ev`` as clients get it: its times rounded (:func:`diarist.times.round_seconds`) and its
+    ``progress`` too (:func:`api.schemas.served_progress`), once, here, for every stream that reads
+    :func:`job_events` (this route and the OpenAI-compatible one)."""
     fields = SECONDS_FIELDS.get(ev.get("type"), ())
-    if not fields:
-        return ev
-    return {**ev, **{k: round_seconds(v) for k in fields if isinstance(v := ev.get(k), (int, float))}}
+    out = {**ev, **{k: round_seconds(v) for k in fields if isinstance(v := ev.get(k), (int, float))}}
+    if isinstance(p := ev.get("progress"), (int, float)):
+        out["progress"] = served_progress(p)
+    return out
 
 
 def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = False) -> Iterator[dict]:
     """Bus events for one job until its final status (a blocking iterator; run it in a thread); times in
-    seconds come rounded to the millisecond (:data:`SECONDS_FIELDS`).
+    seconds come rounded to the millisecond (:data:`SECONDS_FIELDS`), progress to
+    :data:`api.schemas.PROGRESS_DECIMALS`.
 
     ``ticks``: also yield ``{"type": "tick"}`` after each quiet second (lets a caller enforce a deadline).
     """
+    for ev in _bus_events(services, job, sub, ticks):
+        yield _served(ev)
+
+
+def _bus_events(services: Services, job: Job, sub: Subscription, ticks: bool) -> Iterator[dict]:
+    """:func:`job_events` before :func:`_served`."""
     yield status_event(job)
     status = job.status
     while status not in FINAL_STATES:
@@ -87,7 +97,7 @@ def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = Fa
             if ev.get("status") == status and status != "processing":
                 continue
             status = ev.get("status", status)
-        yield _served(ev)
+        yield ev
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=ERRORS,
