@@ -4,7 +4,7 @@ without speech activity), word for word.
 
 Writes ``test-artifacts/gpu/whisper_fp8_kv.json`` (per clip: both transcripts' words, the word error rate
 of the FP8 words against the bf16 words, whether they are identical) and prints one line per clip (the
-log, ``benchmarks/results/whisper_fp8_kv_gpu_tests_h200.log``, keeps them). Assertions: every clip within 10% WER of the bf16 words
+log, ``benchmarks/results/gpu_tests_h200.log``, keeps them; the file is ``results/whisper_fp8_kv_h200.json``). Assertions: every clip within 10% WER of the bf16 words
 and at most 2% over all words (a cache that loses its scales, or rounds badly, garbles every window).
 """
 
