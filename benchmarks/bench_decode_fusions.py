@@ -74,25 +74,9 @@ class Timer:
         if self.dry:
             fn()
             return None
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):  # compiles and warms up outside the capture
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        times = []
-        for _ in range(self.trials):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(self.reps):
-                g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / self.reps)
-        return sorted(times)[len(times) // 2]
+        from bench_engine import graph_us
+
+        return graph_us(fn, self.reps, self.trials)
 
 
 def _per(total: float | None, n: int) -> float | None:

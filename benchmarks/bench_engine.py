@@ -70,6 +70,32 @@ def result_header(commit: str) -> dict:
             "torch": torch.__version__}
 
 
+def graph_us(fn: Callable[[], object], reps: int = 50, trials: int = 1) -> float:
+    """Microseconds of one replay of a CUDA graph of ``fn``: captured after one eager call on a side stream
+    (which compiles and warms up), then the median over ``trials`` of the mean of ``reps`` replays (CUDA
+    events). For kernels too short to time one launch at a time: the graph keeps the GPU's launch gaps, not
+    the host's."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    times = []
+    for _ in range(trials):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return sorted(times)[len(times) // 2]
+
+
 def cuda_ms(fn: Callable[[], object], reps: int = 50) -> float:
     """Mean milliseconds per call of ``fn`` on the current stream (CUDA events), after three warm-up calls."""
     for _ in range(3):

@@ -8,7 +8,8 @@ on the CUDA cores; neither was kept.)
 MOSS-TD's decoder attention (16 query heads, 8 KV heads, head_dim 128), 28 layers of their own K/V (so L2
 holds none of it), at batch 1 and 16 and 35K keys per sequence. Each sequence's keys sit in one run of
 slots, as the engine's admission reserves them in a fresh pool (``--layout random`` permutes the slots: the
-worst locality, what ``diag_fp8_decode.py`` measured). Every variant is captured as one CUDA graph of the
+worst locality, what the ninth session's ``diag_fp8_decode.py`` measured one layer at a time,
+``results/archive/diag_fp8_decode_h200_bc13b4d.json``). Every variant is captured as one CUDA graph of the
 28 layers' :func:`engine.attention.triton_ops.decode_attention` calls and replayed: microseconds per layer
 (the graph's time / 28, so the second kernel's launch is counted as in a decode graph) and the K/V (+ scale)
 bytes per second that implies. Output error against the bf16 engine tile's output.
@@ -29,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_engine import json_saver, result_header
+from bench_engine import graph_us, json_saver, result_header
 
 from engine.attention.triton_ops import DecodeTile, decode_attention, decode_splits_for_fill
 from engine.kv import fp8
@@ -39,28 +40,6 @@ HQ, HKV, D, LAYERS, MAX_SPLITS = 16, 8, 128, 28, 64
 # (block_n, warps, stages); the first bf16 one is the reference output
 BF16_TILES = [(64, 4, 2), (64, 4, 3), (128, 4, 3), (32, 4, 3)]
 FP8_TILES = [(32, 4, 3), (64, 4, 3), (128, 4, 3), (64, 8, 3), (128, 8, 3), (128, 4, 4)]
-
-
-def graph_us(fn, reps: int = 20) -> float:
-    """Mean microseconds of one replay of a CUDA graph of ``fn`` (captured after two eager warm-ups)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / reps
 
 
 def _step(c: dict, tile: DecodeTile, fp: bool) -> None:
@@ -121,7 +100,7 @@ def main() -> None:
                    "stages": tile.num_stages, "fill": c["fill"],
                    "layers_of_kv": len(c["k"])}
             try:
-                us = graph_us(functools.partial(_step, c, tile, fp)) / LAYERS
+                us = graph_us(functools.partial(_step, c, tile, fp), reps=20) / LAYERS
             except Exception as e:  # noqa: BLE001 - a tile that does not fit or compile is a result too  # a tile that does not fit is a result too
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 res["runs"].append(row)
