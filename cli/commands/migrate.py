@@ -21,13 +21,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def database_named(url: str) -> str:
+    """The database ``url`` names, for messages: ``host:port/name``, or the file of an SQLite database.
+
+    Never the user, the password or the query string: libpq also takes ``?password=`` there. ``url`` has
+    passed the settings' check (SQLAlchemy's ``make_url``), so it parses.
+    """
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.host is None:  # SQLite (a path, or :memory:), or libpq's socket given in the query
+        return u.database or "(default)"
+    host = f"[{u.host}]" if ":" in u.host else u.host  # an IPv6 literal keeps its brackets
+    return f"{host}:{u.port}/{u.database or ''}" if u.port else f"{host}/{u.database or ''}"
+
+
 def run(args: argparse.Namespace) -> int:
     from diarist.db import upgrade
     from diarist.outages import Dependency, DependencyUnavailable, classify, reason
     from diarist.settings import Settings
 
     url = Settings().db_url
-    where = url.split("@")[-1]  # never the credentials
+    where = database_named(url)
     try:
         upgrade(url, args.revision)
     except Exception as e:

@@ -33,3 +33,41 @@ def test_a_malformed_url_is_invalid_setting_in_one_line(capsys, monkeypatch, arg
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"diarist: error: invalid_setting: {variable}: {reason}"), err
     assert "s3cret" not in err  # the URL's password is never echoed
+
+
+def test_migrate_names_the_database_without_credentials_or_query(capsys, monkeypatch, tmp_path):
+    """``migrate`` says which database it reached or could not reach as ``host:port/name`` (a file for
+    SQLite): a password in the userinfo or in libpq's ``?password=`` query is never printed."""
+    import logging
+
+    from tests.servers import free_port
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as in a fresh process (see test_cli)
+    port = free_port()
+    monkeypatch.setenv("DIARIST_DATABASE_URL",
+                       f"postgresql+psycopg://u:pw1@127.0.0.1:{port}/diarist?user=diarist&password=s3cret")
+    status = main(["migrate"])
+    out, err = capsys.readouterr()
+    assert status == 1 and out == "", err
+    assert err.startswith(f"diarist: error: database_unavailable: cannot reach the database at "
+                          f"127.0.0.1:{port}/diarist: "), err
+    assert "s3cret" not in err and "pw1" not in err and "password" not in err
+
+    db = tmp_path / "d.sqlite3"
+    monkeypatch.setenv("DIARIST_DATABASE_URL", f"sqlite:///{db}")
+    assert main(["migrate"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"database at {db} is at revision head\n" and db.is_file(), (out, err)
+
+
+@pytest.mark.parametrize(("url", "named"), [
+    ("postgresql+psycopg://u:p@db.example:5433/jobs?password=x", "db.example:5433/jobs"),
+    ("postgresql+psycopg://u:p@db.example/jobs", "db.example/jobs"),
+    ("postgresql+psycopg://u:p@[::1]:5432/jobs", "[::1]:5432/jobs"),
+    ("postgresql+psycopg:///jobs?host=/run/postgresql&password=x", "jobs"),
+    ("sqlite:///:memory:", ":memory:"),
+])
+def test_database_named(url, named):
+    from cli.commands.migrate import database_named
+
+    assert database_named(url) == named
