@@ -1,7 +1,9 @@
 """``diarist transcribe FILE [--format txt|json|srt|vtt|rttm|...]``: the engine in this process, to stdout.
 
 Bad input (unreadable file, not audio, no audio stream, empty, too long) prints one line on stderr,
-``diarist: error: <code>: <message>``, and exits with status 2.
+``diarist: error: <code>: <message>``, and exits with status 2. A transcript that was made but is incomplete
+(e.g. cut at ``--max-new-tokens``) or carries warnings goes to stdout as usual, with one line per warning on
+stderr, ``diarist: warning: <code>: <message>``, and status 0.
 """
 
 from __future__ import annotations
@@ -112,7 +114,24 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as e:
         print(f"diarist: error: engine_error: {e}", file=sys.stderr)
         return 1
-    content, _media = render(Transcript.from_engine(result), args.format, file_id=path.stem)
+    transcript = Transcript.from_engine(result)
+    content, _media = render(transcript, args.format, file_id=path.stem)
     sys.stdout.write(content if content.endswith("\n") else content + "\n")  # a shell prompt on its own line
     sys.stdout.flush()
+    for line in notices(transcript):
+        print(line, file=sys.stderr)
     return 0
+
+
+def notices(transcript: Any) -> list[str]:
+    """The stderr lines ``diarist: warning: <code>: <message>`` for a :class:`diarist.transcript.Transcript`:
+    one per result warning, and ``incomplete`` with its reason when no warning already says it.
+
+    txt, srt, vtt and rttm carry neither, so without these a truncated transcript would look complete; the
+    exit status stays 0 (the transcript was made), as a job with warnings still ends ``completed``.
+    """
+    lines = [f"diarist: warning: {w.code}: {' '.join(w.message.split())}" for w in transcript.warnings]
+    reason = transcript.incomplete_reason
+    if transcript.incomplete and not any(w.message == reason for w in transcript.warnings):
+        lines.append(f"diarist: warning: incomplete: {' '.join((reason or 'the transcript is incomplete').split())}")
+    return lines
