@@ -1,4 +1,5 @@
-"""Options that several ``diarist`` commands take, parsed once: ``--dummy-config`` (``transcribe``, ``engine``).
+"""Options that several ``diarist`` commands take, parsed once: ``--dummy-config`` and ``--kv-dtype``
+(``transcribe``, ``engine``).
 
 A bad value raises :class:`BadOption`, which the CLI prints as its one error line and exits 2 (cli.main).
 """
@@ -20,6 +21,16 @@ class BadOption(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def add_kv_dtype(p: argparse.ArgumentParser) -> None:
+    """Add ``--kv-dtype`` to ``p``: the choices are :data:`engine.config.KV_DTYPES`, the help is the
+    ``DIARIST_KV_DTYPE`` setting's description (one text for the CLI, the settings and their docs)."""
+    from diarist.settings import Settings
+    from engine.config import KV_DTYPES
+
+    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
+                   help=f"(default DIARIST_KV_DTYPE) {Settings.model_fields['kv_dtype'].description}")
 
 
 def add_dummy_config(p: argparse.ArgumentParser) -> None:

@@ -63,12 +63,18 @@ def check_engine_urls(urls: Any) -> list[str]:
     :func:`parse_engine_urls` does."""
     if not isinstance(urls, list | tuple) or not all(isinstance(u, str) for u in urls):
         raise ValueError(f"engine URLs must be a list of strings, not {urls!r}")
+    import httpx
+
     out = [u.strip().rstrip("/") for u in urls if u.strip()]
     if not out:
         raise ValueError("no engine URL given")
-    bad = [u for u in out if not u.startswith(("http://", "https://"))]
-    if bad:
-        raise ValueError(f"engine URLs must start with http:// or https://: {bad}")
+    for u in out:  # httpx's own parser (the client the workers use): scheme, host and a numeric port
+        try:
+            parsed = httpx.URL(u)
+        except httpx.InvalidURL as e:
+            raise ValueError(f"not an engine URL: {e}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError("engine URLs are http:// or https:// with a host (http://127.0.0.1:8100)")
     return out
 
 
@@ -150,6 +156,26 @@ def check_broker_url(url: str) -> str:
                          "redis://localhost:6379/0)")
     if transport.split("+", 1)[0] not in TRANSPORT_ALIASES:  # the names kombu resolves (its registry)
         raise ValueError(f"unknown broker transport {transport!r}")
+    return url
+
+
+def check_s3_endpoint_url(url: str) -> str:
+    """``url`` when botocore accepts it as an endpoint (``botocore.utils.is_valid_endpoint_url``:
+    ``http(s)://host[:port]``) and its port is a number; nothing is connected.
+
+    Raises:
+        ValueError: the reason.
+    """
+    from urllib.parse import urlsplit
+
+    from botocore.utils import is_valid_endpoint_url
+
+    try:
+        port = urlsplit(url).port  # botocore's check leaves the port to the first request: urlsplit's int()
+    except ValueError:
+        raise ValueError("not an S3 endpoint URL: the port is not a number in 0-65535") from None
+    if not is_valid_endpoint_url(url) or (port is not None and not 0 <= port <= MAX_PORT):
+        raise ValueError("not an S3 endpoint URL (http(s)://host[:port], e.g. http://127.0.0.1:9000)")
     return url
 
 
@@ -276,9 +302,10 @@ class Settings(EnvSettings):
         "bfloat16, else bfloat16 (engine.resolve).")
     kv_dtype: Literal["auto", "fp8_e4m3"] = Field(  # engine.config.KV_DTYPES (a test holds them equal)
         "auto", description="What the engine's self-attention KV cache stores: auto (the compute dtype) or "
-        "fp8_e4m3 (e4m3 codes with per token-head scales: 1.94x the context per byte, about half the bytes a "
-        "decode step reads; CUDA compute capability 8.9+). Default auto until FP8 quality is measured on a "
-        "released checkpoint (docs/service.md, FP8 KV cache).")
+        "fp8_e4m3 (e4m3 codes with a float32 scale per token and KV head: 1.94x the context per byte, at about "
+        "the compute dtype's speed; on a GPU it needs compute capability 8.9+, the CPU runs the torch "
+        "reference). Default auto until FP8 quality is measured on a released checkpoint (docs/service.md, "
+        "FP8 KV cache).")
     attention_backend: Literal["torch", "triton"] | None = Field(
         None, description="Engine attention kernels; None = triton on CUDA, the torch reference on the CPU.")
     cuda_graph_max_bs: int | None = Field(
@@ -371,6 +398,13 @@ class Settings(EnvSettings):
         """A URL kombu cannot parse, or of a transport it does not know, is a bad setting
         (:func:`check_broker_url`)."""
         return None if value is None else check_broker_url(value)
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _s3_endpoint_url(cls, value: str | None) -> str | None:
+        """An endpoint botocore refuses is a bad setting (:func:`check_s3_endpoint_url`), not a traceback
+        when the storage is first used."""
+        return None if value is None else check_s3_endpoint_url(value)
 
     @field_validator("events_url")
     @classmethod

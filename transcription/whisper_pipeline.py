@@ -130,7 +130,10 @@ class WhisperPipeline:
                 seg["speaker"] = 0
         metrics["diarization_s"] = time.perf_counter() - t_d
         metrics.update(sequence_metrics(seqs))
-        result = whisper_result(self.model_name, duration, segments, finish, metrics, no_speech=not segments,
+        # no speech: nothing was heard and every window said so (a window cut at its token limit before
+        # its first segment ended has speech that was not transcribed: that is incomplete, not silence)
+        no_speech = not segments and all(r.status == "no_speech" for r in results)
+        result = whisper_result(self.model_name, duration, segments, finish, metrics, no_speech=no_speech,
                                 language=choice, speech=speech)
         result["windows"] = [r.as_dict() for r in results]
         # windows the model judged non-speech leave the coverage denominator (diarist.completeness)

@@ -9,8 +9,8 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from cli.commands import plain
-from cli.options import add_dummy_config, dummy_config
-from engine.config import KV_DTYPES, MODEL_FAMILIES
+from cli.options import add_dummy_config, add_kv_dtype, dummy_config
+from engine.config import MODEL_FAMILIES
 
 if TYPE_CHECKING:
     import socket
@@ -31,9 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="checkpoint format (default DIARIST_LOAD_FORMAT, auto); dummy = random weights, whose "
                    "transcripts are noise")
     add_dummy_config(p)
-    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
-                   help="KV cache storage (default DIARIST_KV_DTYPE, auto = the compute dtype; fp8_e4m3: FP8 codes "
-                   "with per token-head scales, CUDA compute capability 8.9+)")
+    add_kv_dtype(p)
     p.set_defaults(func=run)
     return p
 

@@ -13,9 +13,8 @@ import sys
 from typing import Any
 
 from cli.commands import plain
-from cli.options import add_dummy_config, dummy_config
+from cli.options import add_dummy_config, add_kv_dtype, dummy_config
 from diarist.formats import SUPPORTED_FORMATS
-from engine.config import KV_DTYPES
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,9 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
                    "checkpoint's half precision on CUDA)")
-    p.add_argument("--kv-dtype", default=None, choices=KV_DTYPES,
-                   help="KV cache storage (default DIARIST_KV_DTYPE, auto = the compute dtype; fp8_e4m3: FP8 codes "
-                   "with per token-head scales, CUDA compute capability 8.9+)")
+    add_kv_dtype(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.add_argument("--language", default=None, help="language of the speech (ISO 639-1); unset: English for "
                    "tiny.en, detected by a multilingual model")

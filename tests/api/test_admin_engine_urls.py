@@ -94,7 +94,7 @@ def test_diarist_serve_refuses_a_bad_value_before_listening(admin_env, capsys, m
     assert main(["serve", "--port", "9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("diarist: error: invalid_setting: DIARIST_ADMIN_ENGINE_URLS: ")
-    assert "must start with http:// or https://" in err and "Traceback" not in err
+    assert "http:// or https:// with a host" in err and "Traceback" not in err
 
 
 def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_env, monkeypatch):

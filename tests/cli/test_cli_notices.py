@@ -1,7 +1,10 @@
-"""``diarist transcribe`` says on stderr what the output format may not carry: a transcript cut at the
-token budget is reported as such (``max_new_tokens``, not a decoding loop), a complete one says nothing."""
+"""What the CLI tells its user: ``diarist transcribe`` says on stderr what the output format may not carry (a
+transcript cut at the token budget is reported as such, ``max_new_tokens``, not a decoding loop; a complete
+one says nothing), and ``--help`` texts are plain and written once."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from cli.main import main
 from tests.conftest import data_file
@@ -26,3 +29,28 @@ def test_a_truncated_transcript_is_reported_on_stderr(capsys, whisper_engine, mo
     out, err = capsys.readouterr()
     assert status == 0 and "ask not what your country" in out.lower(), err
     assert "diarist: warning:" not in err
+
+
+def test_help_text_has_no_sphinx_markup():
+    """``--help`` descriptions come from module docstrings: their reST/Sphinx markup is reduced to text."""
+    from cli.commands import plain
+
+    assert plain("see :mod:`engine_server.server` and ``x`` (:func:`a.b`)") == "see engine_server.server and x (a.b)"
+
+
+def test_kv_dtype_help_is_the_settings_description():
+    """``--kv-dtype``'s help on ``engine`` and ``transcribe`` is the ``DIARIST_KV_DTYPE`` setting's text (one
+    home: what it says about FP8's speed and devices cannot drift between them)."""
+    import argparse
+
+    from cli.options import add_kv_dtype
+    from diarist.settings import Settings
+
+    p = argparse.ArgumentParser()
+    add_kv_dtype(p)
+    action = next(a for a in p._actions if a.dest == "kv_dtype")
+    assert action.help.endswith(Settings.model_fields["kv_dtype"].description)
+    assert list(action.choices) == ["auto", "fp8_e4m3"]
+    for cmd in ("engine", "transcribe"):
+        src = (Path(__file__).resolve().parents[2] / "cli" / "commands" / f"{cmd}.py").read_text()
+        assert "add_kv_dtype(p)" in src and '"--kv-dtype"' not in src

@@ -72,7 +72,7 @@ def test_admin_engine_urls_take_the_engine_url_forms(monkeypatch):
     for raw in ("http://gpu-0:8100/, http://gpu-1:8100", '["http://gpu-0:8100", "http://gpu-1:8100"]'):
         monkeypatch.setenv("DIARIST_ADMIN_ENGINE_URLS", raw)
         assert AdminSettings().engine_urls == ["http://gpu-0:8100", "http://gpu-1:8100"]
-    for bad, why in (("gpu-0:8100", "must start with http://"), ('["http://a:1", 3]', "list of strings"),
+    for bad, why in (("gpu-0:8100", "http:// or https:// with a host"), ('["http://a:1", 3]', "list of strings"),
                      ('["http://a:1"', "Expecting"), (" , ", "no engine URL")):
         monkeypatch.setenv("DIARIST_ADMIN_ENGINE_URLS", bad)
         with pytest.raises(InvalidSettings) as e:

@@ -39,3 +39,24 @@ def test_malformed_urls_name_the_variable_and_hide_the_value(field, url, message
     assert e.value.variables == [variable]
     assert str(e.value).startswith(f"{variable}: {message}"), str(e.value)
     assert "pw" not in str(e.value) and "Value error" not in str(e.value)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("engine_url", "http://127.0.0.1:notaport", "not an engine URL: Invalid port: 'notaport'"),
+    ("engine_url", "notaurl", "engine URLs are http:// or https:// with a host"),
+    ("engine_url", "http://a:8100,ftp://b", "engine URLs are http:// or https:// with a host"),
+    ("s3_endpoint_url", "notaurl", "not an S3 endpoint URL"),
+    ("s3_endpoint_url", "http://minio:notaport", "not an S3 endpoint URL"),
+])
+def test_engine_and_s3_endpoint_urls_are_parsed_when_read(field, value, message):
+    """A malformed engine or S3 endpoint URL is a bad setting at start (not a worker that starts and fails,
+    not botocore's traceback when storage is first used); its message says the reason once."""
+    with pytest.raises(InvalidSettings) as e:
+        Settings(**{field: value})
+    assert str(e.value).startswith(f"DIARIST_{field.upper()}: {message}"), str(e.value)
+    assert str(e.value).count(value.split(",")[-1]) <= 1  # the value is echoed at most once
+
+
+def test_well_formed_engine_and_s3_endpoint_urls_are_kept():
+    s = Settings(engine_url="http://a:8100/, https://b", s3_endpoint_url="http://127.0.0.1:9000")
+    assert s.engine_url == ["http://a:8100", "https://b"] and s.s3_endpoint_url == "http://127.0.0.1:9000"

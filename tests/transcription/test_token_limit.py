@@ -29,3 +29,12 @@ def test_a_window_that_ends_in_time_has_no_truncation_warning(whisper_engine):
     assert r.finish_reason == "stop" and not r.incomplete
     assert all(w["flag"] is None for w in r.windows)
     assert TRUNCATED not in [w["code"] for w in r.warnings]
+
+
+def test_a_budget_too_small_for_one_segment_is_incomplete_not_silence(whisper_engine):
+    """One token is not enough for a segment: no segments, but the window heard speech, so the result is
+    incomplete and not ``no_speech`` (a clip full of speech is not reported as silent)."""
+    r = Transcriber(whisper_engine).transcribe(data_file("en_jfk_inaugural/jfk.flac"),
+                                               TranscribeOptions(diarize=False, max_new_tokens=1))
+    assert not r.segments and r.incomplete
+    assert r.no_speech is False
