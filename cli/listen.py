@@ -15,7 +15,7 @@ import socket
 
 # MAX_PORT is checked here too: getaddrinfo takes a larger port (glibc wraps it modulo 65536) while uvicorn's
 # bind raises OverflowError, a traceback after the model loads
-from diarist.settings import MAX_PORT
+from diarist.urls import MAX_PORT
 
 
 class CannotListen(Exception):

@@ -40,7 +40,7 @@ def test_one_engine_per_gpu_and_a_worker_set_per_engine(compose):
     """Two GPUs: each engine reserves its own GPU and listens on its own loopback port; each engine has a
     short and a long worker whose engine list names it first and the other engine after it (failover);
     engines and workers share gpu-node's network namespace, so every engine is on their loopback."""
-    from diarist.settings import parse_engine_urls
+    from diarist.urls import parse_engine_urls
 
     services = compose["services"]
     ports, gpus = {}, {}

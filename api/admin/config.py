@@ -11,7 +11,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from diarist.settings import EnvSettings, coerce_engine_urls
+from diarist.settings import EnvSettings
+from diarist.urls import coerce_engine_urls
 
 
 class AdminSettings(EnvSettings):
@@ -36,7 +37,7 @@ class AdminSettings(EnvSettings):
     @field_validator("engine_urls", mode="before")
     @classmethod
     def _engine_urls(cls, value: Any) -> Any:
-        """The same forms and checks as ``DIARIST_ENGINE_URL`` (:func:`diarist.settings.parse_engine_urls`)."""
+        """The same forms and checks as ``DIARIST_ENGINE_URL`` (:func:`diarist.urls.parse_engine_urls`)."""
         return None if value is None else coerce_engine_urls(value)
 
 

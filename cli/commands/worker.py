@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _engine_urls(text: str) -> list[str]:
-    from diarist.settings import parse_engine_urls
+    from diarist.urls import parse_engine_urls
 
     try:
         return parse_engine_urls(text)

@@ -1,4 +1,4 @@
-"""URL settings are checked by their libraries' own parsers when read (diarist.settings.check_*_url)."""
+"""URL settings are checked by their libraries' own parsers when read (diarist.urls)."""
 
 from __future__ import annotations
 
@@ -31,30 +31,22 @@ def test_well_formed_urls_are_kept_as_given(field, url):
     ("broker_url", "reddis://u:pw@h/0", "unknown broker transport 'reddis'"),
     ("events_url", "http://u:pw@h/", "not a Redis URL: Redis URL must specify one of the following schemes"),
     ("events_url", "redis://u:pw@h:port/0", "not a Redis URL: Port could not be cast to integer"),
-])
-def test_malformed_urls_name_the_variable_and_hide_the_value(field, url, message):
-    with pytest.raises(InvalidSettings) as e:
-        Settings(**{field: url})
-    variable = f"DIARIST_{field.upper()}"
-    assert e.value.variables == [variable]
-    assert str(e.value).startswith(f"{variable}: {message}"), str(e.value)
-    assert "pw" not in str(e.value) and "Value error" not in str(e.value)
-
-
-@pytest.mark.parametrize(("field", "value", "message"), [
     ("engine_url", "http://127.0.0.1:notaport", "not an engine URL: Invalid port: 'notaport'"),
     ("engine_url", "notaurl", "engine URLs are http:// or https:// with a host"),
     ("engine_url", "http://a:8100,ftp://b", "engine URLs are http:// or https:// with a host"),
     ("s3_endpoint_url", "notaurl", "not an S3 endpoint URL"),
     ("s3_endpoint_url", "http://minio:notaport", "not an S3 endpoint URL"),
 ])
-def test_engine_and_s3_endpoint_urls_are_parsed_when_read(field, value, message):
-    """A malformed engine or S3 endpoint URL is a bad setting at start (not a worker that starts and fails,
-    not botocore's traceback when storage is first used); its message says the reason once."""
+def test_malformed_urls_name_the_variable_and_hide_the_value(field, url, message):
+    """A URL its library cannot parse is a bad setting when read (a worker that would start and fail, or
+    botocore's traceback at the first upload, is worse); the reason is said once, a credential never."""
     with pytest.raises(InvalidSettings) as e:
-        Settings(**{field: value})
-    assert str(e.value).startswith(f"DIARIST_{field.upper()}: {message}"), str(e.value)
-    assert str(e.value).count(value.split(",")[-1]) <= 1  # the value is echoed at most once
+        Settings(**{field: url})
+    variable = f"DIARIST_{field.upper()}"
+    assert e.value.variables == [variable]
+    assert str(e.value).startswith(f"{variable}: {message}"), str(e.value)
+    assert "pw" not in str(e.value) and "Value error" not in str(e.value)
+    assert str(e.value).count(url.split(",")[-1]) <= 1  # a non-secret value is echoed at most once
 
 
 def test_well_formed_engine_and_s3_endpoint_urls_are_kept():
