@@ -145,8 +145,8 @@ class Qwen3DecoderLayer(nn.Module):
                 attn: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mlp output, residual)``. The residual stream is added at the next norm (fused add + norm),
         which rounds exactly as HF's ``x = x + block(norm(x))``; with ``LinearKernels.fused_norm_gemv`` a
-        batch-1 step also folds each add + norm into the q/k/v or gate/up GEMV, and SwiGLU into one of the
-        MLP's GEMVs."""
+        batch-1 step also folds each add + norm into the q/k/v or gate/up GEMV, and SwiGLU into the gate/up
+        GEMV's epilogue."""
         qkv, residual = self.self_attn.project(x, residual, self.input_layernorm)
         h = self.self_attn.attend(qkv, positions, attn)
         return self.mlp(h, residual, self.post_attention_layernorm)

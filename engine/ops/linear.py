@@ -64,19 +64,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, choice: LinearKernels = REFERE
 
     CUDA half-precision inputs with ``M <= choice.gemv_max_rows`` go to :func:`engine.ops.triton_kernels.gemv`.
     """
-    if (x.is_cuda and x.dim() == 2 and x.shape[0] <= choice.gemv_max_rows and x.stride(-1) == 1
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and kernels().gemv_supported(x.shape[0], x.shape[1])):
+    if _takes_gemv(x, weight, choice):
         return kernels().gemv(x, weight)
     return F.linear(x, weight)
 
 
-def _takes_fused_gemv(x: torch.Tensor, weight: torch.Tensor, k: int, choice: LinearKernels) -> bool:
-    """Whether a product of ``x`` (``[M, ...]``, inner dim ``k``) runs as a fused GEMV: the GEMV would run
-    (:func:`linear`'s rule) and ``choice.fused_norm_gemv`` is on."""
-    return (choice.fused_norm_gemv and x.is_cuda and x.dim() == 2 and x.shape[0] <= choice.gemv_max_rows
-            and x.stride(-1) == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-            and weight.stride(-1) == 1 and fused_kernels().fused_gemv_supported(x.shape[0], k))
+def _takes_gemv(x: torch.Tensor, weight: torch.Tensor, choice: LinearKernels) -> bool:
+    """Whether ``x @ weight.T`` runs as our GEMV: CUDA, half precision, ``x`` ``[M, K]`` with unit last stride,
+    ``M <= choice.gemv_max_rows`` and a shape the GEMV takes."""
+    return (x.is_cuda and x.dim() == 2 and x.shape[0] <= choice.gemv_max_rows and x.stride(-1) == 1
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and kernels().gemv_supported(x.shape[0], x.shape[1]))
+
+
+def _takes_fused_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
+                      weight: torch.Tensor, choice: LinearKernels) -> bool:
+    """Whether add + RMSNorm + ``@ weight.T`` runs as one fused kernel: the GEMV would run
+    (:func:`_takes_gemv`), ``choice.fused_norm_gemv`` is on, and the norm weight and residual fit ``x``."""
+    return (choice.fused_norm_gemv and _takes_gemv(x, weight, choice) and weight.stride(-1) == 1
+            and norm_weight.dtype == x.dtype and fused_kernels().fused_gemv_supported(x.shape[0], x.shape[1])
+            and (residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)))
 
 
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -90,8 +97,7 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm_wei
     One Triton kernel (:func:`engine.ops.triton_fused.add_rms_norm_gemv`) where the GEMV would run and
     ``choice.fused_norm_gemv`` is on; otherwise :func:`engine.ops.norm.pre_rms_norm` then :func:`linear`.
     """
-    if _takes_fused_gemv(x, weight, x.shape[-1], choice) and norm_weight.dtype == x.dtype and (
-            residual is None or (residual.shape == x.shape and residual.stride(-1) == 1)):
+    if _takes_fused_gemv(x, residual, norm_weight, weight, choice):
         return fused_kernels().add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
     h, s = pre_rms_norm(x, residual, norm_weight, eps)
     return linear(h, weight, choice), s
@@ -108,8 +114,7 @@ def add_rms_norm_swiglu_mlp(x: torch.Tensor, residual: torch.Tensor, norm_weight
     (:func:`engine.ops.norm.pre_rms_norm`, :func:`linear`, :func:`silu_and_mul`, :func:`linear`), same
     rounding either way.
     """
-    if _takes_fused_gemv(x, gate_up_weight, x.shape[-1], choice) and (
-            norm_weight.dtype == x.dtype and residual.shape == x.shape and residual.stride(-1) == 1):
+    if _takes_fused_gemv(x, residual, norm_weight, gate_up_weight, choice):
         a, s = fused_kernels().add_rms_norm_gemv_swiglu(x, residual, norm_weight, eps, gate_up_weight)
         return linear(a, down_weight, choice), s
     h, s = pre_rms_norm(x, residual, norm_weight, eps)

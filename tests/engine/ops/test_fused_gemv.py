@@ -282,3 +282,19 @@ def test_gpu_engine_greedy_tokens_equal_with_and_without_fusion(fused_calls):
         fused_calls.clear()
     assert all(len(o) == 24 for o in outs["off"])
     assert outs["on"] == outs["off"] and outs["eager"] == outs["off"]
+
+
+def test_fused_dispatch_rule(monkeypatch):
+    """Where the GEMV would run (``_takes_gemv``: CUDA only, so stood in for here), the fused kernel runs iff
+    the choice asks for it, the row is one and the norm weight and residual fit x."""
+    monkeypatch.setattr(ops_linear, "_takes_gemv", lambda x, w, choice: x.shape[0] <= choice.gemv_max_rows)
+    x, w = torch.zeros(1, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    nw = torch.ones(64, dtype=torch.bfloat16)
+    rule = ops_linear._takes_fused_gemv
+    assert rule(x, None, nw, w, FUSED) and rule(x, x.clone(), nw, w, FUSED)
+    assert not rule(x, x, nw, w, UNFUSED)  # the choice's flag
+    assert not rule(torch.zeros(2, 64, dtype=torch.bfloat16), None, nw, w,
+                    LinearKernels(gemv_max_rows=2, fused_norm_gemv=True))  # one row only
+    assert not rule(x, None, nw.float(), w, FUSED)  # the norm weight's dtype
+    assert not rule(x, torch.zeros(1, 32, dtype=torch.bfloat16), nw, w, FUSED)  # the residual's shape
+    assert not rule(x, None, nw, w.t().contiguous().t(), FUSED)  # weight rows not contiguous
