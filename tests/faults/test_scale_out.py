@@ -16,7 +16,7 @@ import pytest
 
 from tests.faults.harness import wait_final
 from tests.faults.scale_out import LONG_THRESHOLD_S, ScaleOut, wait_until
-from tests.faults.topology import FINAL, new_workdir
+from tests.faults.topology import new_workdir
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 N = 40
@@ -58,24 +58,23 @@ def test_two_engines_share_the_jobs_and_one_dying_loses_none(cluster):
             klass[ids[-1]] = k
 
     def b_mid_run() -> bool:  # b has completed a short job and has requests inside it right now
-        st = c.engine_stats("b")
-        if st is None or st["running_requests"] < 1:
-            return False
         done = c.client.get("/v1/jobs", params={"status": "completed", "limit": 200}).json()["data"]
-        return any(j["queue"] == "transcribe.short" and (j.get("metrics") or {}).get("engine_id") == c.engine_id("b")
-                   for j in done)
+        if not any(j["queue"] == "transcribe.short" and (j.get("metrics") or {}).get("engine_id") == c.engine_id("b")
+                   for j in done):
+            return False
+        st = c.engine_stats("b")  # asked last, so the kill follows it within one poll
+        return st is not None and st["running_requests"] >= 1
 
     submit(N // 2)
     assert wait_until(b_mid_run, 120), c.diagnostics()
     c.kill_engine("b")
     at_kill = c.completions("b")
-    final_at_kill = sum(c.client.get(f"/v1/jobs/{i}").json()["status"] in FINAL for i in ids)
+    before_kill = set(ids)
     submit(N - N // 2)  # jobs keep arriving while b is dead
     jobs = wait_final(c.client, ids, bound_s=150)
     detail = f"{ {i: (j['status'], j['attempts'], (j.get('metrics') or {}).get('engine_id')) for i, j in jobs.items()} }"
     detail += "\n" + c.diagnostics()
 
-    assert final_at_kill < N // 2, detail  # the kill hit a run with work left
     assert Counter(j["status"] for j in jobs.values()) == {"completed": N}, detail
     assert Counter(c.transcripts(i) for i in ids) == {1: N}, detail  # one stored transcript per job
     # Completed once: each worker process counts a job when its final transition wins.
@@ -86,11 +85,13 @@ def test_two_engines_share_the_jobs_and_one_dying_loses_none(cluster):
     assert {served[i] for i in ids if klass[i] == "short"} == {a, b}, detail
     assert sum(klass[i] == "long" for i in ids) == N // 4 and all(
         jobs[i]["queue"] == f"transcribe.{klass[i]}" for i in ids), detail
-    # b's running requests were dropped: those jobs spent one more attempt and a served them.
+    # The kill hit a run with work left: b's running requests were dropped, those jobs (all submitted before the
+    # kill) spent one more attempt, and a served them. (Counting final jobs after the kill instead races the
+    # redrive, which completes them through a within about a second.)
     redriven = [i for i in ids if jobs[i]["attempts"] >= 2]
-    assert redriven and all(served[i] == a for i in redriven), detail
+    assert redriven and set(redriven) <= before_kill and all(served[i] == a for i in redriven), detail
     # b's workers kept serving after their engine died (through a, the next engine of their list).
     assert c.completions("b") > at_kill, detail
-    print("scale-out:", {"final_at_kill": final_at_kill, "served": dict(Counter(served.values())),
+    print("scale-out:", {"redriven": len(redriven), "served": dict(Counter(served.values())),
                          "attempts": dict(Counter(j["attempts"] for j in jobs.values())),
                          "completed_by_set": {e: c.completions(e) for e in ("a", "b")}, "b_set_at_kill": at_kill})
