@@ -11,36 +11,31 @@ land in both duration classes.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.faults.topology import FAST, Proc
-from tests.servers import S3, Postgres, Redis, free_port, wait_port
+from tests.faults.topology import LoopbackStack, Proc
+from tests.servers import free_port, wait_port
 
-REPO = Path(__file__).resolve().parents[2]
 ENGINES = ("a", "b")
 CLASSES = ("short", "long")
 LONG_THRESHOLD_S = 3.0
 
 
-class ScaleOut:
+class ScaleOut(LoopbackStack):
     """The topology of the module doc; ``start()`` brings it up, ``kill_engine(name)`` SIGKILLs one engine."""
+
+    bucket = "scaleout"
+    tail_chars = 1500
 
     def __init__(self, workdir: Path, short_threads: int = 3, long_threads: int = 2, output_tokens: int = 24,
                  rows: int = 8) -> None:
-        self.workdir, self.logs = workdir, workdir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
+        super().__init__(workdir)
         self.threads = {"short": short_threads, "long": long_threads}
         self.output_tokens, self.rows = output_tokens, rows
-        self.pg = self.redis = self.s3 = None
-        self.procs: dict[str, Proc] = {}
         self.eports = {e: free_port() for e in ENGINES}
         self.mports = {(e, k): free_port() for e in ENGINES for k in CLASSES}
 
@@ -51,22 +46,13 @@ class ScaleOut:
         return f"tiny:{self.eports[name]}"  # what tests.faults.tiny_engine names itself
 
     def start(self) -> ScaleOut:
-        self.pg, self.redis, self.s3 = Postgres(), Redis(), S3()
         self.aport = free_port()
-        env = {**os.environ, **FAST, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-               "DIARIST_DATABASE_URL": self.pg.url, "DIARIST_BROKER_URL": self.redis.url, "DIARIST_STORAGE": "s3",
-               "DIARIST_S3_ENDPOINT_URL": self.s3.url, "DIARIST_S3_BUCKET": "scaleout",
-               "DIARIST_S3_CREATE_BUCKET": "true", "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t",
-               "DIARIST_AUTH": "true", "DIARIST_MODEL": "moss-td", "DIARIST_SERVED_MODELS": '["moss-td"]',
-               "DIARIST_LONG_THRESHOLD_S": str(LONG_THRESHOLD_S), "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": str(self.rows),
-               "DIARIST_ENGINE_KV_BUDGET_BYTES": str(32 << 20)}
-        env.pop("DIARIST_EMBEDDED", None)
-        self.env = env
-        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True,
-                       cwd=REPO)
-        key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "s",
-                                         "--json"], env=env, check=True, capture_output=True, text=True,
-                                        cwd=REPO).stdout)
+        env = self.service_env()
+        env.update({"DIARIST_MODEL": "moss-td", "DIARIST_SERVED_MODELS": '["moss-td"]',
+                    "DIARIST_LONG_THRESHOLD_S": str(LONG_THRESHOLD_S),
+                    "DIARIST_ENGINE_MAX_RUNNING_REQUESTS": str(self.rows),
+                    "DIARIST_ENGINE_KV_BUDGET_BYTES": str(32 << 20)})
+        token = self.api_token()
         for e in ENGINES:
             self.procs[f"engine-{e}"] = Proc(f"engine-{e}", ["--port", str(self.eports[e]), "--output-tokens",
                                                              str(self.output_tokens)], env, self.logs,
@@ -80,8 +66,7 @@ class ScaleOut:
         self.procs["api"] = Proc("api", ["serve", "--port", str(self.aport)], env, self.logs).start()
         for port in (self.aport, *self.eports.values(), *self.mports.values()):
             wait_port(port, 300)
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.aport}", timeout=60,
-                                   headers={"Authorization": f"Bearer {key['token']}"})
+        self.connect(self.aport, token)
         return self
 
     def engine_stats(self, name: str) -> dict | None:
@@ -105,25 +90,6 @@ class ScaleOut:
                     n += sum(s.value for s in fam.samples
                              if s.name.endswith("_total") and s.labels.get("status") == "completed")
         return int(n)
-
-    def transcripts(self, job_id: str) -> int:
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=self.s3.url, region_name="us-east-1", aws_access_key_id="t",
-                          aws_secret_access_key="t")
-        return int(s3.list_objects_v2(Bucket="scaleout", Prefix=f"jobs/{job_id}/transcript-").get("KeyCount", 0))
-
-    def diagnostics(self) -> str:
-        return "\n".join(f"--- {n} ---\n{p.tail(1500)}" for n, p in self.procs.items())
-
-    def stop(self) -> None:
-        if getattr(self, "client", None) is not None:
-            self.client.close()
-        for p in self.procs.values():
-            p.kill(signal.SIGTERM, timeout_s=20)
-        for server in (self.s3, self.redis, self.pg):
-            if server is not None:
-                server.stop()
 
 
 def wait_until(cond, timeout_s: float, poll_s: float = 0.05) -> bool:

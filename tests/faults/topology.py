@@ -24,6 +24,7 @@ import numpy as np
 
 from tests.servers import S3, Postgres, Receiver, Redis, free_port, wait_port
 
+REPO = Path(__file__).resolve().parents[2]
 FINAL = ("completed", "failed", "canceled")
 CLIP_S = 3.0
 # Small bounds so a fault resolves in seconds (the defaults are minutes): a dead worker's job is re-driven
@@ -84,40 +85,51 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
-class Cluster:
-    """The production topology on loopback (see the module doc). ``start()`` brings every server up."""
+class LoopbackStack:
+    """What the production-shaped topologies share: Postgres, Redis and moto's S3 on loopback, the ``diarist``
+    processes (:class:`Proc`, by name in ``procs``) with their logs under ``workdir/logs``, and an API client
+    with an API key. A subclass's ``start()`` brings its processes up over :meth:`service_env`; ``stop()``
+    takes everything down."""
 
-    def __init__(self, workdir: Path, short_concurrency: int = 4) -> None:
+    bucket = "faults"
+    """The S3 bucket the stack's object store uses."""
+    tail_chars = 3000
+    """How much of each process's log :meth:`diagnostics` shows (characters)."""
+
+    def __init__(self, workdir: Path) -> None:
         self.workdir, self.logs = workdir, workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.short_concurrency = short_concurrency
         self.pg = self.redis = self.s3 = None
         self.procs: dict[str, Proc] = {}
-        self.receiver = Receiver()
+        self.client: httpx.Client | None = None
 
-    def start(self) -> Cluster:
+    def service_env(self) -> dict[str, str]:
+        """Start Postgres, Redis and S3, migrate the database and create an API key; returns the environment
+        every ``diarist`` process of the stack shares (:data:`FAST`, the three servers, auth on), also kept
+        as ``self.env``."""
         self.pg, self.redis, self.s3 = Postgres(), Redis(), S3()
-        self.eport, self.aport = free_port(), free_port()
-        env = {**os.environ, **FAST, "DIARIST_DATABASE_URL": self.pg.url, "DIARIST_BROKER_URL": self.redis.url,
-               "DIARIST_STORAGE": "s3", "DIARIST_S3_ENDPOINT_URL": self.s3.url, "DIARIST_S3_BUCKET": "faults",
-               "DIARIST_S3_CREATE_BUCKET": "true", "DIARIST_S3_ACCESS_KEY_ID": "t",
-               "DIARIST_S3_SECRET_ACCESS_KEY": "t", "DIARIST_AUTH": "true",
-               "DIARIST_ENGINE_URL": f"http://127.0.0.1:{self.eport}", "DIARIST_ENGINE_PORT": str(self.eport)}
+        env = {**os.environ, **FAST, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               "DIARIST_DATABASE_URL": self.pg.url, "DIARIST_BROKER_URL": self.redis.url, "DIARIST_STORAGE": "s3",
+               "DIARIST_S3_ENDPOINT_URL": self.s3.url, "DIARIST_S3_BUCKET": self.bucket,
+               "DIARIST_S3_CREATE_BUCKET": "true", "DIARIST_S3_ACCESS_KEY_ID": "t", "DIARIST_S3_SECRET_ACCESS_KEY": "t",
+               "DIARIST_AUTH": "true"}
         env.pop("DIARIST_EMBEDDED", None)
         self.env = env
-        subprocess.run([sys.executable, "-m", "cli", "migrate"], env=env, check=True, capture_output=True)
-        key = json.loads(subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--name", "f",
-                                         "--json"], env=env, check=True, capture_output=True, text=True).stdout)
-        self.procs["engine"] = Proc("engine", ["engine"], env, self.logs).start()
-        self.procs["short"] = Proc("short", ["worker", "--class", "short", "--concurrency",
-                                             str(self.short_concurrency)], env, self.logs).start()
-        self.procs["webhooks"] = Proc("webhooks", ["worker", "--class", "webhooks"], env, self.logs).start()
-        self.procs["api"] = Proc("api", ["serve", "--port", str(self.aport)], env, self.logs).start()
-        wait_port(self.aport, 120)
-        wait_port(self.eport, 300)
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.aport}", timeout=60,
-                                   headers={"Authorization": f"Bearer {key['token']}"})
-        return self
+        return env
+
+    def api_token(self) -> str:
+        """``diarist migrate`` then ``diarist keys create`` under ``self.env``; returns the new key's token."""
+        def cli(*args: str) -> str:
+            return subprocess.run([sys.executable, "-m", "cli", *args], env=self.env, check=True,
+                                  capture_output=True, text=True, cwd=REPO).stdout
+
+        cli("migrate")
+        return json.loads(cli("keys", "create", "--name", "tests", "--json"))["token"]
+
+    def connect(self, api_port: int, token: str) -> None:
+        """The API client (``self.client``) for the API on ``api_port``, authenticated with ``token``."""
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", timeout=60,
+                                   headers={"Authorization": f"Bearer {token}"})
 
     def store_client(self):
         import boto3
@@ -127,25 +139,52 @@ class Cluster:
 
     def transcripts(self, job_id: str) -> int:
         """Transcript objects of ``job_id`` in the bucket."""
-        r = self.store_client().list_objects_v2(Bucket="faults", Prefix=f"jobs/{job_id}/transcript-")
+        r = self.store_client().list_objects_v2(Bucket=self.bucket, Prefix=f"jobs/{job_id}/transcript-")
         return int(r.get("KeyCount", 0))
 
-    def restart_engine(self, down_s: float) -> None:
-        self.procs["engine"].kill()
-        time.sleep(down_s)
-        self.procs["engine"].start()
-
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {n} ---\n{p.tail()}" for n, p in self.procs.items())
+        return "\n".join(f"--- {n} ---\n{p.tail(self.tail_chars)}" for n, p in self.procs.items())
 
     def stop(self) -> None:
-        if getattr(self, "client", None) is not None:
+        if self.client is not None:
             self.client.close()
         for p in self.procs.values():
             p.kill(signal.SIGTERM, timeout_s=20)
         for server in (self.s3, self.redis, self.pg):
             if server is not None:
                 server.stop()
+
+
+class Cluster(LoopbackStack):
+    """The production topology on loopback (see the module doc). ``start()`` brings every server up."""
+
+    def __init__(self, workdir: Path, short_concurrency: int = 4) -> None:
+        super().__init__(workdir)
+        self.short_concurrency = short_concurrency
+        self.receiver = Receiver()
+
+    def start(self) -> Cluster:
+        self.eport, self.aport = free_port(), free_port()
+        env = self.service_env()
+        env.update({"DIARIST_ENGINE_URL": f"http://127.0.0.1:{self.eport}", "DIARIST_ENGINE_PORT": str(self.eport)})
+        token = self.api_token()
+        self.procs["engine"] = Proc("engine", ["engine"], env, self.logs).start()
+        self.procs["short"] = Proc("short", ["worker", "--class", "short", "--concurrency",
+                                             str(self.short_concurrency)], env, self.logs).start()
+        self.procs["webhooks"] = Proc("webhooks", ["worker", "--class", "webhooks"], env, self.logs).start()
+        self.procs["api"] = Proc("api", ["serve", "--port", str(self.aport)], env, self.logs).start()
+        wait_port(self.aport, 120)
+        wait_port(self.eport, 300)
+        self.connect(self.aport, token)
+        return self
+
+    def restart_engine(self, down_s: float) -> None:
+        self.procs["engine"].kill()
+        time.sleep(down_s)
+        self.procs["engine"].start()
+
+    def stop(self) -> None:
+        super().stop()
         self.receiver.close()
 
 
