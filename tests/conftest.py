@@ -33,19 +33,41 @@ def teacher_forcing(logs: dict, every: int):
     return record
 
 
-def wav_bytes(seconds: float = 0.1, rate: int = 16_000) -> bytes:
-    """A valid mono int16 WAV of ``seconds`` of silence: audio a worker can decode (it decodes before the
-    engine call), for tests about what happens around the engine."""
+def pcm16_wav(samples, rate: int = 16_000, channels: int = 1) -> bytes:
+    """``samples`` (a numpy array) as a 16-bit PCM WAV file at ``rate`` Hz, ``channels`` interleaved.
+
+    Integer samples are written as they are (cast to int16); float samples are full scale ±1, clipped to
+    [-1, 32767/32768] and scaled by 32768, the inverse of the decoder's int16 / 32768."""
     import io
     import wave
 
+    import numpy as np
+
+    if samples.dtype.kind == "f":
+        samples = np.clip(samples, -1.0, 32767 / 32768) * 32768
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
+        w.setnchannels(channels)
         w.setsampwidth(2)
         w.setframerate(rate)
-        w.writeframes(b"\0\0" * int(seconds * rate))
+        w.writeframes(samples.astype("<i2").tobytes())
     return buf.getvalue()
+
+
+def noise_wav(seconds: float, seed: int, std: float = 3277) -> bytes:
+    """``seconds`` of 16 kHz mono Gaussian noise (``std`` in int16 steps; 3277 is 0.1 of full scale) as
+    :func:`pcm16_wav`, the same for the same ``seed``."""
+    import numpy as np
+
+    return pcm16_wav((np.random.default_rng(seed).standard_normal(int(seconds * 16_000)) * std).astype("<i2"))
+
+
+def wav_bytes(seconds: float = 0.1, rate: int = 16_000) -> bytes:
+    """A valid mono int16 WAV of ``seconds`` of silence: audio a worker can decode (it decodes before the
+    engine call), for tests about what happens around the engine."""
+    import numpy as np
+
+    return pcm16_wav(np.zeros(int(seconds * rate), np.int16), rate)
 
 
 def data_file(rel: str) -> Path:

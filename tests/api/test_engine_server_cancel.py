@@ -13,7 +13,6 @@ import json
 import socket
 import threading
 import time
-import wave
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 from engine_server.client import HttpEngineClient, JobFailure
-from tests.conftest import data_file
+from tests.conftest import data_file, pcm16_wav
 from worker.cancel import CancelToken
 
 pytestmark = pytest.mark.slow
@@ -44,11 +43,7 @@ def long_recording(tmp_path_factory) -> tuple[Path, int]:
 
     wave_f32 = np.concatenate([decode_audio(data_file(rel)).mono for rel in CLIPS])
     path = tmp_path_factory.mktemp("cancel") / "long.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(wave_f32, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    path.write_bytes(pcm16_wav(wave_f32))
     n_windows = len(pack_windows(detect_speech(decode_audio(path).mono)))
     assert n_windows >= 5  # three minutes of speech; a cut this coarse would not test much
     return path, n_windows

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from diarist.contract.result import TranscriptionResult
 from diarist.evaluation import evaluate, item_language
+from tests.conftest import wav_bytes
 
 
 def test_item_language_is_the_folder_code():
@@ -17,18 +18,12 @@ def test_item_language_is_the_folder_code():
 
 
 def test_by_language_pools_each_language_apart(tmp_path: Path):
-    import wave
-
     texts = {"en_a/a.wav": "one two three four", "zh_b/b.wav": "广州市房地产", "ja_c/c.wav": "知識が成立する"}
     hyps = {"a.wav": "one two three", "b.wav": "广州市房地", "c.wav": "知識が成立する"}
     for rel, text in texts.items():
         p = tmp_path / rel
         p.parent.mkdir()
-        with wave.open(str(p), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16000)
-            w.writeframes(b"\0\0" * 16000)
+        p.write_bytes(wav_bytes(1.0))
         p.with_suffix(".txt").write_text(text, encoding="utf-8")
 
     def fake(path: Path, **_hints) -> TranscriptionResult:

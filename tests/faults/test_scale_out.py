@@ -7,31 +7,17 @@ through ``a``.
 
 from __future__ import annotations
 
-import io
-import wave
 from collections import Counter
 
-import numpy as np
 import pytest
 
+from tests.conftest import noise_wav
 from tests.faults.harness import wait_final
 from tests.faults.scale_out import LONG_THRESHOLD_S, ScaleOut, wait_until
 from tests.faults.topology import new_workdir
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 N = 40
-
-
-def wav(seconds: float, seed: int) -> bytes:
-    """``seconds`` of 16 kHz mono 16-bit noise as WAV (the dummy model transcribes anything the same way)."""
-    pcm = (np.random.default_rng(seed).standard_normal(int(seconds * 16_000)) * 3277).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes(pcm.tobytes())
-    return buf.getvalue()
 
 
 @pytest.fixture
@@ -45,7 +31,8 @@ def cluster():
 
 def test_two_engines_share_the_jobs_and_one_dying_loses_none(cluster):
     c = cluster
-    clips = {"short": wav(LONG_THRESHOLD_S - 1, 1), "long": wav(LONG_THRESHOLD_S + 1, 2)}
+    # noise: the dummy model transcribes anything the same way
+    clips = {"short": noise_wav(LONG_THRESHOLD_S - 1, 1), "long": noise_wav(LONG_THRESHOLD_S + 1, 2)}
     ids, klass = [], {}
 
     def submit(n: int) -> None:

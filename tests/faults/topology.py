@@ -16,12 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from tests.conftest import pcm16_wav
 from tests.servers import S3, Postgres, Receiver, Redis, free_port, wait_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,12 +48,7 @@ def make_clip(src: Path, dest: Path, seconds: float = CLIP_S) -> Path:
                 chunks.append(f.to_ndarray().reshape(-1))
             if sum(len(x) for x in chunks) >= seconds * 16000:
                 break
-    pcm = np.concatenate(chunks)[: int(seconds * 16000)].astype(np.int16)
-    with wave.open(str(dest), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm.tobytes())
+    dest.write_bytes(pcm16_wav(np.concatenate(chunks)[: int(seconds * 16000)].astype(np.int16)))
     return dest
 
 

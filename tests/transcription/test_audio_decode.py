@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import io
-import wave
 
 import numpy as np
 import pytest
 
+from tests.conftest import pcm16_wav, wav_bytes
 from transcription.audio import decode as dec
-
-
-def _wav(path, samples: np.ndarray, rate: int, channels: int = 1) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(channels)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.astype("<i2").tobytes())
 
 
 def _pyav(path, monkeypatch) -> dec.DecodedAudio:
@@ -29,7 +21,7 @@ def test_16k_mono_pcm_wav_is_read_without_ffmpeg_and_equals_pyav(tmp_path, monke
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.integers(-32768, 32768, 48_001), [-32768, 32767, 0]])
     f = tmp_path / "a.wav"
-    _wav(f, x, 16_000)
+    f.write_bytes(pcm16_wav(x))
     fast = dec._pcm16_wav(f)
     assert fast is not None
     ref = _pyav(f, monkeypatch)
@@ -43,22 +35,17 @@ def test_16k_mono_pcm_wav_is_read_without_ffmpeg_and_equals_pyav(tmp_path, monke
 @pytest.mark.parametrize("rate, channels", [(44_100, 1), (16_000, 2), (8_000, 1)])
 def test_other_wavs_go_through_pyav(tmp_path, rate, channels):
     f = tmp_path / "b.wav"
-    _wav(f, np.zeros(rate * channels // 10, np.int16), rate, channels)
+    f.write_bytes(pcm16_wav(np.zeros(rate * channels // 10, np.int16), rate, channels))
     assert dec._pcm16_wav(f) is None
     out = dec.decode_audio(f)
     assert out.samples.shape == (1, 1600) and out.source_sample_rate == rate and out.source_channels == channels
 
 
 def test_bytes_and_broken_files_take_the_pyav_path_and_its_error_codes(tmp_path):
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes(b"")
-    assert dec._pcm16_wav(buf.getvalue()) is None  # not a path: PyAV
+    no_frames = wav_bytes(0.0)
+    assert dec._pcm16_wav(no_frames) is None  # not a path: PyAV
     empty = tmp_path / "empty.wav"
-    empty.write_bytes(buf.getvalue())
+    empty.write_bytes(no_frames)
     with pytest.raises(dec.AudioError) as e:
         dec.decode_audio(empty)
     assert e.value.code == "empty_audio"

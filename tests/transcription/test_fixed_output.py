@@ -7,6 +7,7 @@ import pytest
 
 from engine import Engine, EngineConfig
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from tests.conftest import pcm16_wav
 from transcription.transcriber import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -23,16 +24,7 @@ def _noise(seconds: float) -> np.ndarray:
 
 
 def _wav(seconds: float) -> bytes:
-    import io
-    import wave
-
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes((_noise(seconds) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
+    return pcm16_wav((_noise(seconds) * 32767).astype("<i2"))
 
 
 @pytest.mark.parametrize("tokens", [1, 7])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
-from tests.conftest import data_file
+from tests.conftest import data_file, wav_bytes
 from transcription.audio import AudioError
 from transcription.transcriber import TranscribeOptions, Transcriber
 
@@ -59,16 +58,7 @@ def test_tiny_and_no_speech_inputs_give_an_empty_transcript(tr, rel):
 
 
 def test_digital_silence_gives_no_speech(tr):
-    import io
-    import wave
-
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(np.zeros(5 * 16000, dtype=np.int16).tobytes())
-    r = tr.transcribe(buf.getvalue())
+    r = tr.transcribe(wav_bytes(5.0))
     assert r.segments == [] and r.no_speech is True and r.finish_reason == "stop"
 
 

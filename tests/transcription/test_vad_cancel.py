@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import data_file
+from tests.conftest import data_file, pcm16_wav
 from transcription.audio import vad
 from transcription.cancel import Canceled
 
@@ -107,19 +107,9 @@ def test_a_job_canceled_during_its_vad_aborts_before_the_engine(whisper_engine, 
     monkeypatch.setattr(session, "run", lambda *a, **k: runs.append(1) or real_run(*a, **k))
     steps = whisper_engine.counters["steps"]
     poll = CancelAfter(2)
-    r = Transcriber(whisper_engine).transcribe(_wav(recording(100.0)), should_cancel=poll)
+    r = Transcriber(whisper_engine).transcribe(pcm16_wav(recording(100.0)), should_cancel=poll)
     assert r.finish_reason == "abort" and r.segments == [] and r.pipeline_metrics["windows"] == 0
     assert len(runs) == 1 and whisper_engine.counters["steps"] == steps
 
 
-def _wav(wave: np.ndarray) -> bytes:
-    import io
-    import wave as wavmod
 
-    buf = io.BytesIO()
-    with wavmod.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes((np.clip(wave, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
-    return buf.getvalue()

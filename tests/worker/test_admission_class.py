@@ -8,7 +8,6 @@ import io
 import socket
 import threading
 import time
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import pytest
 
 from diarist.contract.result import TranscriptionResult
 from engine_server.client import HttpEngineClient, InProcessEngineClient
+from tests.conftest import data_file, pcm16_wav
 from worker import routing
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,12 +66,9 @@ def moss():
 def noise_wav(tmp_path_factory) -> Path:
     """Two seconds of 16 kHz 16-bit noise."""
     path = tmp_path_factory.mktemp("adm") / "noise.wav"
-    samples = (np.random.default_rng(0).standard_normal(32_000) * 3000).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes(samples.tobytes())
+    from tests.conftest import noise_wav as noise
+
+    path.write_bytes(noise(2.0, seed=0, std=3000))
     return path
 
 
@@ -152,18 +149,12 @@ def test_server_refuses_an_unknown_class(moss, moss_server, noise_wav):
 @pytest.mark.slow
 def test_every_whisper_window_gets_the_class(whisper_engine, tmp_path):
     """A Whisper job is one sequence per window: each of them carries the class."""
-    from tests.conftest import data_file
     from transcription.audio import decode_audio
     from transcription.transcriber import Transcriber
 
     speech = decode_audio(data_file("en_jfk_inaugural/jfk.flac")).mono  # 11 s
     long = tmp_path / "long.wav"  # 4 x (11 s of speech + 1 s of silence): more than one 30 s window
-    with wave.open(str(long), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        joined = np.concatenate([speech, np.zeros(16_000, dtype=np.float32)] * 4)
-        w.writeframes((np.clip(joined, -1, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    long.write_bytes(pcm16_wav(np.concatenate([speech, np.zeros(16_000, dtype=np.float32)] * 4)))
     rec = Recorder(whisper_engine)
     try:
         client = InProcessEngineClient(Transcriber(whisper_engine))

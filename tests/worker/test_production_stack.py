@@ -232,21 +232,16 @@ def receiver_server():
 def ninety_seconds(tmp_path_factory) -> Path:
     """Three distinct 30 s meeting clips end to end (16 kHz WAV): a short-class job whose windows decode
     together for several seconds on CPU."""
-    import wave as wavmod
-
     import numpy as np
 
+    from tests.conftest import pcm16_wav
     from transcription.audio import decode_audio
 
     clips = ("en_ami_meeting_dev00_2spk/dev00.wav", "en_ami_meeting_trn07_4spk/trn07.wav",
              "en_ami_meeting_trn05_4spk/trn05.wav")
     samples = np.concatenate([decode_audio(data_file(rel)).mono for rel in clips])
     path = tmp_path_factory.mktemp("cancel") / "meeting.wav"
-    with wavmod.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(samples, -1.0, 32767 / 32768) * 32768).astype("<i2").tobytes())
+    path.write_bytes(pcm16_wav(samples))
     return path
 
 
