@@ -10,14 +10,13 @@ dequantised cache.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # before any kernel is decorated (as test_triton_kernels does)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+from tests.engine.triton_interpret import CUDA, DEV, triton  # before any kernel module
+
+# isort: split
 import triton.language as tl
 
 from engine.attention.torch_ref import TorchReferenceBackend, reference_attention
@@ -32,7 +31,7 @@ from engine.attention.triton_ops import (
 from engine.kv import KVDestination, KVPool, ReqToTokenTable, fp8
 from engine.ops import triton_rope
 from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
-from tests.engine.attention.test_triton_kernels import CUDA, DEV, TOL, make_cache, mixed_step, rel_err, seq_kv
+from tests.engine.attention.test_triton_kernels import TOL, make_cache, mixed_step, rel_err, seq_kv
 
 
 @triton.jit

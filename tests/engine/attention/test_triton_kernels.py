@@ -8,16 +8,13 @@ indexing, masking, split and merge logic of the very same kernel source.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # must be set before the kernels are decorated (import time)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+from tests.engine.triton_interpret import CUDA, DEV, skip_unless_interpreted  # before any kernel module
 
+# isort: split
 from engine.attention.torch_ref import TorchReferenceBackend, reference_attention
 from engine.attention.triton_backend import TritonBackend
 from engine.attention.triton_ops import decode as decode_mod
@@ -29,11 +26,10 @@ from engine.attention.triton_ops import (
 )
 from engine.kv import CrossKVPool, KVPool, ReqToTokenTable
 
+skip_unless_interpreted(decode_mod._decode_stage1)
 if not CUDA:
     from triton.runtime import interpreter as _interp
 
-    if not isinstance(decode_mod._decode_stage1, _interp.InterpretedFunction):
-        pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
     # Triton <= 3.5's interpreter turns a scalar into int() of a 1-element array, which numpy >= 2.3
     # refuses; loops with run-time bounds need it. Patch only the interpreter's tensor index hook.
     _orig_patch = _interp._patch_lang_tensor
@@ -44,7 +40,6 @@ if not CUDA:
 
     _interp._patch_lang_tensor = _patch_lang_tensor
 
-DEV = torch.device("cuda" if CUDA else "cpu")
 TOL = {torch.float32: 2e-5 if not CUDA else 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 
 

@@ -1,8 +1,8 @@
 """GEMVs with a folded-in prologue (engine/ops/triton_fused.py) vs the unfused chain they replace.
 
 Without CUDA the kernels run under the Triton interpreter (``TRITON_INTERPRET=1``, set before the kernels
-are decorated, as in test_fused_ops.py) at small ragged shapes; with CUDA compiled, at Qwen3-0.6B's shapes
-too. The oracle is the chain of torch references (:func:`rms_norm_reference` / :func:`silu_and_mul_reference`
+are decorated: :mod:`tests.engine.triton_interpret`) at small ragged shapes; with CUDA compiled, at
+Qwen3-0.6B's shapes too. The oracle is the chain of torch references (:func:`rms_norm_reference` / :func:`silu_and_mul_reference`
 rounding every intermediate to the dtype) followed by an exact (float64) product rounded once: the fused
 kernel's float32 sum may land one step (ulp) away from that on a few elements, no more. The new residual
 must be bit for bit the unfused ``residual + x``.
@@ -15,11 +15,9 @@ import os
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # read when the kernels are decorated, i.e. when triton_fused is first imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+from tests.engine.triton_interpret import CUDA, DEV, skip_unless_interpreted  # before any kernel module
 
+# isort: split
 from engine.ops import linear as ops_linear
 from engine.ops import triton_fused as tf
 from engine.ops import triton_kernels as tk
@@ -27,13 +25,7 @@ from engine.ops.activation import silu_and_mul_reference
 from engine.ops.linear import LinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp
 from engine.ops.norm import rms_norm_reference
 
-if not CUDA:
-    from triton.runtime import interpreter as _interp
-
-    if not isinstance(tf._norm_gemv_kernel, _interp.InterpretedFunction):
-        pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
-
-DEV = torch.device("cuda" if CUDA else "cpu")
+skip_unless_interpreted(tf._norm_gemv_kernel)
 HALF = [torch.bfloat16, torch.float16]
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10}
 FUSED = LinearKernels(gemv_max_rows=1, fused_norm_gemv=True)

@@ -10,16 +10,12 @@ there bf16 is held only to a relative error.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:  # read when the kernels are decorated, i.e. when triton_kernels is first imported
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-triton = pytest.importorskip("triton", reason="triton is not installed (it ships with Linux torch wheels)")
+from tests.engine.triton_interpret import CUDA, DEV, skip_unless_interpreted  # before any kernel module
 
+# isort: split
 from engine.kv import KVDestination
 from engine.ops import triton_kernels as tk
 from engine.ops import triton_rope as tr
@@ -27,13 +23,7 @@ from engine.ops.activation import silu_and_mul_reference
 from engine.ops.norm import layer_norm_reference, rms_norm_reference
 from engine.ops.rotary import RotaryTable, apply_rotary, qk_norm_rope_reference
 
-if not CUDA:
-    from triton.runtime import interpreter as _interp
-
-    if not isinstance(tk._rms_norm_kernel, _interp.InterpretedFunction):
-        pytest.skip("kernels were imported before TRITON_INTERPRET was set", allow_module_level=True)
-
-DEV = torch.device("cuda" if CUDA else "cpu")
+skip_unless_interpreted(tk._rms_norm_kernel)
 DTYPES = [torch.float32, torch.bfloat16]
 ROWS = [1, 3, 16, 37] if CUDA else [1, 3]
 
