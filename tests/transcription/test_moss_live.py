@@ -4,45 +4,16 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch import nn
 
 from engine import Engine, EngineConfig
 from engine.loaders import LoadedModel
 from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.models.moss_td_prompt import build_prompt
 from engine.tokenizer import TextTokenizer
+from tests.transcription.scripted_model import EOS, ScriptedModel
 from transcription.moss_transcribe import transcribe_moss
 
 OUTPUT = "[0.52][S01]Morning, shall we start?[2.31][2.90][S02]Yes, the figures are ready.[5.04][5.40][S01]Great.[5.92]"
-EOS = 151645
-
-
-class Scripted(nn.Module):
-    """Emits ``script`` after the prompt, then EOS (one-hot logits)."""
-
-    def __init__(self, prompt_len: int, script: list[int]) -> None:
-        super().__init__()
-        self.dummy = nn.Parameter(torch.zeros(1))
-        self.prompt_len, self.script = prompt_len, script + [EOS]
-
-    def forward(self, batch, attn):
-        out = torch.full((batch.batch_size, 151_936), -1e4)
-        for i, pos in enumerate(batch.positions[batch.logits_indices].tolist()):
-            out[i, self.script[min(pos + 1 - self.prompt_len, len(self.script) - 1)]] = 1.0
-        return out
-
-    def kv_layout(self):
-        return 1, 1, 8
-
-    def cross_layout(self):
-        return None
-
-    max_context = 4096
-
-    def prepare(self, seqs, cross):
-        for s in seqs:
-            s.mm_inputs.pop("audio", None)
 
 
 class Opts:
@@ -53,7 +24,7 @@ class Opts:
 def test_segments_and_clean_text_stream_while_decoding():
     tok = TextTokenizer(ASSET_TOKENIZER)
     wave = np.zeros(8 * 16_000, dtype=np.float32)
-    model = Scripted(len(build_prompt(tok, wave.size, None, 2).ids), tok.encode(OUTPUT))
+    model = ScriptedModel(len(build_prompt(tok, wave.size, None, 2).ids), tok.encode(OUTPUT))
     info = {"name": "scripted", "family": "moss-td", "marker_every_s": 2, "eos_token_ids": (EOS,)}
     eng = Engine(EngineConfig(kv_budget_bytes=8 << 20, max_running_requests=2, stream_interval_s=0.0),
                  loaded=LoadedModel(model=model, tokenizer=tok, info=info))

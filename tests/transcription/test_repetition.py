@@ -7,19 +7,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders import LoadedModel
 from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.tokenizer import TextTokenizer
 from tests.conftest import data_file
+from tests.transcription.scripted_model import EOS, ScriptedModel
 from transcription.moss_td_parser import render_moss_td
 from transcription.moss_td_pipeline import TimestampProgress, _digit_class, build_moss_sequence, moss_result
 from transcription.repetition import RepetitionGuard
-
-EOS = 151645
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -115,35 +112,6 @@ def test_timestamp_progress_reads_the_latest_time(tok):
     assert seen[0] is None  # no timestamp yet
     assert sorted(set(seen[5:])) == [0.52, 2.31, 2.9, 5.04, 5.4]  # "[laugh]" and a cut-off "[12" ignored
     assert run("[1.00][S01]In 第[2024]年.")[-1] == 2024.0  # numbers in text count; capped at the duration
-
-
-class ScriptedModel(nn.Module):
-    """A dummy decoder forced to loop: emits ``script`` then repeats ``loop`` forever (one-hot logits)."""
-
-    def __init__(self, prompt_len: int, script: list[int], loop: list[int], vocab: int = 151_936) -> None:
-        super().__init__()
-        self.dummy = nn.Parameter(torch.zeros(1))
-        self.prompt_len, self.script, self.loop, self.vocab = prompt_len, script, loop, vocab
-
-    def forward(self, batch, attn):
-        out = torch.full((batch.batch_size, self.vocab), -1e4)
-        for i, pos in enumerate(batch.positions[batch.logits_indices].tolist()):
-            k = pos + 1 - self.prompt_len
-            n = len(self.script)
-            tok = self.script[k] if k < n else self.loop[(k - n) % len(self.loop)]
-            out[i, tok] = 1.0
-        return out
-
-    def kv_layout(self):
-        return 1, 1, 8
-
-    def cross_layout(self):
-        return None
-
-    max_context = 4096
-
-    def prepare(self, seqs, cross):
-        pass
 
 
 def test_engine_ends_a_laughter_loop_and_keeps_the_transcript(tok):
