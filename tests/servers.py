@@ -181,6 +181,23 @@ def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[st
         srv.server_close()
 
 
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler for loopback stand-ins: logs no request lines (they would flood the test output) and
+    answers with :meth:`reply`."""
+
+    def reply(self, status: int, body: bytes = b"", content_type: str | None = None) -> None:
+        """Send ``status`` with ``body``, its ``content-length`` and, when given, its ``content-type``."""
+        self.send_response(status)
+        if content_type is not None:
+            self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 class Receiver:
     """A loopback HTTP server recording webhook POSTs; answers ``codes`` in turn, then 200."""
 
@@ -190,19 +207,14 @@ class Receiver:
         self.cond = threading.Condition()
         outer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 with outer.cond:
                     outer.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
                     code = outer.codes.pop(0) if outer.codes else 200
                     outer.cond.notify_all()
-                self.send_response(code)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
+                self.reply(code)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"

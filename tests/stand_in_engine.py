@@ -7,12 +7,11 @@ where a real engine server would only add minutes of model work.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tests.servers import serve_http
+from tests.servers import QuietHandler, serve_http
 
 
 @contextlib.contextmanager
@@ -25,19 +24,12 @@ def stand_in_engine(lines: Callable[[], list[Any]]) -> Iterator[tuple[str, list[
     """
     seen: list[dict] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
             body = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines()).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/x-ndjson")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a) -> None:
-            pass
+            self.reply(200, body, "application/x-ndjson")
 
     with serve_http(Handler) as url:
         yield url, seen

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -12,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import data_file
-from tests.servers import serve_http
+from tests.servers import QuietHandler, serve_http
 from worker.webhooks import verify
 
 pytestmark = pytest.mark.slow
@@ -59,16 +58,10 @@ def test_audio_url_is_fetched_with_its_headers(client, wait_job):
     wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
     seen = {}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             seen["auth"] = self.headers.get("authorization")
-            self.send_response(200)
-            self.send_header("content-length", str(len(wav)))
-            self.end_headers()
-            self.wfile.write(wav)
-
-        def log_message(self, *a) -> None:
-            pass
+            self.reply(200, wav)
 
     with serve_http(Handler) as base:
         url = f"{base}/jfk.flac"

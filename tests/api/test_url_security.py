@@ -12,6 +12,7 @@ import pytest
 
 from diarist.models import Job, WebhookDelivery
 from tests.conftest import data_file
+from tests.servers import QuietHandler
 
 SECRET = "S3cretSig"
 PROMPT = "Quuxwidget Corp"
@@ -44,22 +45,15 @@ def audio_server():
     wav = data_file("en_short_yes/yes_1000ms.wav").read_bytes()
     seen: list[str] = []
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
-            self.send_response(200)
-            self.send_header("content-length", str(len(wav)))
-            self.end_headers()
-            self.wfile.write(wav)
+            self.reply(200, wav)
 
         def do_POST(self) -> None:  # the webhook receiver
             self.rfile.read(int(self.headers.get("content-length", 0)))
             seen.append(self.path)
-            self.send_response(204)
-            self.end_headers()
-
-        def log_message(self, *a) -> None:
-            pass
+            self.reply(204)
 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

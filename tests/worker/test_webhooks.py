@@ -11,6 +11,7 @@ import pytest
 
 from diarist import jobs
 from diarist.models import Job, WebhookDelivery, WebhookOutbox
+from tests.servers import QuietHandler
 from worker.webhooks import deliver, sign, verify
 
 
@@ -37,15 +38,10 @@ class Server:
         self.codes, self.bodies = list(codes), []
         outer = self
 
-        class H(http.server.BaseHTTPRequestHandler):
+        class H(QuietHandler):
             def do_POST(self):
                 outer.bodies.append((dict(self.headers), self.rfile.read(int(self.headers["content-length"]))))
-                self.send_response(outer.codes.pop(0) if outer.codes else 200)
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *a):
-                pass
+                self.reply(outer.codes.pop(0) if outer.codes else 200)
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/h"
