@@ -5,7 +5,6 @@ failed look at the engines is reported, never a dropped check or a 500."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 
 import pytest
@@ -14,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.admin.config import get_admin_settings
 from diarist.settings import InvalidSettings
-from tests.servers import serve_http
+from tests.servers import QuietHandler, serve_http
 
 DOWN = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # discard and an unassigned port: nothing answers
 
@@ -47,17 +46,23 @@ class Broker:
         return None
 
 
-def test_comma_separated_engines_are_checked_by_readyz_and_metrics(tmp_path, admin_env):
+def readyz_and_metrics(tmp_path):
+    """``GET /readyz`` and ``GET /metrics`` of an app over :func:`services_for` with a broker that answers
+    (so only the engines can make it degraded), read with the admin settings of the moment."""
     from api.app import create_app
 
-    admin_env(f"{DOWN[0]}, {DOWN[1]}/")
     svc = services_for(tmp_path)
     svc.dispatcher = Broker()
     try:
         with TestClient(create_app(svc)) as c:
-            ready, metrics = c.get("/readyz"), c.get("/metrics")
+            return c.get("/readyz"), c.get("/metrics")
     finally:
         svc.close()
+
+
+def test_comma_separated_engines_are_checked_by_readyz_and_metrics(tmp_path, admin_env):
+    admin_env(f"{DOWN[0]}, {DOWN[1]}/")
+    ready, metrics = readyz_and_metrics(tmp_path)
     assert ready.status_code == 200 and ready.json()["status"] == "degraded"
     assert ready.json()["checks"]["engine"] == f"error: not answering: {DOWN[1]}, {DOWN[0]}"  # sorted
     assert metrics.status_code == 200
@@ -101,20 +106,13 @@ def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_en
     """Whatever goes wrong reading the engines' stats, /readyz says so under ``engine`` and /metrics answers
     (without engine series)."""
     from api.admin import engines
-    from api.app import create_app
 
     def broken(_app):
         raise RuntimeError("stats table corrupt")
 
     admin_env(DOWN[0])
     monkeypatch.setattr(engines, "engine_stats", broken)
-    svc = services_for(tmp_path)
-    svc.dispatcher = Broker()
-    try:
-        with TestClient(create_app(svc)) as c:
-            ready, metrics = c.get("/readyz"), c.get("/metrics")
-    finally:
-        svc.close()
+    ready, metrics = readyz_and_metrics(tmp_path)
     assert ready.json()["status"] == "degraded"
     assert ready.json()["checks"]["engine"] == "error: RuntimeError: stats table corrupt"
     assert metrics.status_code == 200 and "diarist_jobs{" in metrics.text
@@ -126,16 +124,9 @@ def stats_server(stats: dict):
     """A loopback engine server stand-in answering ``GET /stats`` with ``stats``; yields its base URL."""
     body = json.dumps(stats).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
-            self.send_response(200 if self.path == "/stats" else 404)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a) -> None:
-            pass
+            self.reply(200 if self.path == "/stats" else 404, body, "application/json")
 
     with serve_http(Handler) as url:
         yield url
