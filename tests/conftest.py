@@ -62,6 +62,26 @@ def noise_wav(seconds: float, seed: int, std: float = 3277) -> bytes:
     return pcm16_wav((np.random.default_rng(seed).standard_normal(int(seconds * 16_000)) * std).astype("<i2"))
 
 
+def noise(seconds: float, seed: int):
+    """``seconds`` of 16 kHz Gaussian noise, std 0.1 of full scale, as float32 samples (a numpy array); the
+    same for the same ``seed``."""
+    import numpy as np
+
+    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
+
+
+def tiny_moss_engine(**config):
+    """An engine over the tiny dummy MOSS-TD (``--model moss-td --load-format dummy`` at
+    :data:`engine.loaders.moss_td.TINY_DUMMY_CONFIG`): a 2,048-token context, 16 MiB of KV cache, 4 running
+    requests; ``config`` overrides these or sets other :class:`engine.EngineConfig` fields."""
+    from engine import Engine, EngineConfig
+    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+
+    return Engine(EngineConfig(**{"model": "moss-td", "load_format": "dummy", "dummy_config": TINY_DUMMY_CONFIG,
+                                  "max_context": 2048, "kv_budget_bytes": 16 << 20, "max_running_requests": 4,
+                                  **config}))
+
+
 def wav_bytes(seconds: float = 0.1, rate: int = 16_000) -> bytes:
     """A valid mono int16 WAV of ``seconds`` of silence: audio a worker can decode (it decodes before the
     engine call), for tests about what happens around the engine."""

@@ -7,16 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Engine, EngineConfig
+from engine import Engine
 from engine.encoder_cache import EncoderCache, audio_fingerprint
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from tests.conftest import noise, tiny_moss_engine
 from transcription.moss_td_pipeline import build_moss_sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _noise(seconds: float, seed: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
 def _t(nbytes: int, fill: float = 0.0) -> torch.Tensor:
@@ -25,7 +21,7 @@ def _t(nbytes: int, fill: float = 0.0) -> torch.Tensor:
 
 # -- fingerprint -------------------------------------------------------------------------------------------
 def test_fingerprint_depends_on_every_sample_length_and_model():
-    wave = _noise(3, 0)
+    wave = noise(3, 0)
     key = audio_fingerprint(wave, "m")
     assert len(key) == 16
     assert audio_fingerprint(wave.copy(), "m") == key
@@ -82,8 +78,7 @@ def test_resize_and_disabled_cache():
 
 # -- through the engine ----------------------------------------------------------------------------------
 def _engine(**kw) -> Engine:
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                               max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4, **kw))
+    return tiny_moss_engine(**kw)
 
 
 def _seq(engine, wave, n=24):
@@ -108,7 +103,7 @@ def _record_embeddings(engine, monkeypatch) -> list[torch.Tensor]:
 def test_hit_skips_the_encoder_and_returns_identical_embeddings(monkeypatch):
     eng = _engine()
     seen = _record_embeddings(eng, monkeypatch)
-    wave = _noise(40, 1)  # two windows
+    wave = noise(40, 1)  # two windows
     first = eng.generate([_seq(eng, wave)])[0]
     st = eng.stats()
     assert (st["encoder_cache_misses"], st["encoder_cache_hits"], st["encoder_windows"]) == (1, 0, 2)
@@ -123,7 +118,7 @@ def test_hit_skips_the_encoder_and_returns_identical_embeddings(monkeypatch):
     assert (st["encoder_cache_misses"], st["encoder_cache_hits"], st["encoder_windows"]) == (1, 1, 2)
     assert torch.equal(seen[1], emb)
     assert second.output_ids == first.output_ids and len(first.output_ids) == 24
-    third = eng.generate([_seq(eng, _noise(40, 2))])[0]  # other audio: a miss, other output
+    third = eng.generate([_seq(eng, noise(40, 2))])[0]  # other audio: a miss, other output
     assert eng.stats()["encoder_cache_misses"] == 2 and eng.stats()["encoder_windows"] == 4
     assert third.output_ids != first.output_ids
     assert eng.allocator.num_free == eng.allocator.num_slots
@@ -132,8 +127,8 @@ def test_hit_skips_the_encoder_and_returns_identical_embeddings(monkeypatch):
 def test_concurrent_identical_requests_are_encoded_once(monkeypatch):
     eng = _engine()
     seen = _record_embeddings(eng, monkeypatch)
-    wave = _noise(35, 3)
-    seqs = [_seq(eng, wave), _seq(eng, wave.copy()), _seq(eng, _noise(35, 4))]
+    wave = noise(35, 3)
+    seqs = [_seq(eng, wave), _seq(eng, wave.copy()), _seq(eng, noise(35, 4))]
     eng.generate(seqs)
     st = eng.stats()
     assert st["encoder_windows"] == 4  # 2 distinct recordings x 2 windows
@@ -143,7 +138,7 @@ def test_concurrent_identical_requests_are_encoded_once(monkeypatch):
 
 
 def test_tokens_identical_with_cache_on_and_off():
-    waves = [_noise(12, 5), _noise(50, 6), _noise(12, 5)]
+    waves = [noise(12, 5), noise(50, 6), noise(12, 5)]
     outs = {}
     for entries in (0, 64):
         eng = _engine(encoder_cache_entries=entries)
@@ -164,7 +159,7 @@ def test_tokens_identical_with_cache_on_and_off():
 def test_cache_limits_hold_in_the_engine():
     eng = _engine(encoder_cache_entries=2)
     for seed in range(3):
-        eng.generate([_seq(eng, _noise(5, 10 + seed), n=2)])
+        eng.generate([_seq(eng, noise(5, 10 + seed), n=2)])
     st = eng.stats()
     assert st["encoder_cache_entries"] == 2 and st["encoder_cache_evictions"] == 1
     assert st["encoder_cache_bytes"] == 2 * 63 * 64 * 4  # 5 s = 63 tokens of 64 float32 each

@@ -4,7 +4,6 @@ tokens as encoding at admission."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -12,6 +11,7 @@ from engine import Engine, EngineConfig, FinishReason
 from engine.encoder_graphs import EncoderGraphs
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
 from engine.models.qwen3 import Qwen3Config
+from tests.conftest import noise
 from transcription.moss_td_pipeline import build_moss_sequence
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -23,10 +23,6 @@ TINY = {  # tiny decoder and encoder (the real vocabulary: prompts hold <|audio_
                      "encoder_ffn_dim": 128},
     "init_std": 0.5,
 }
-
-
-def _noise(seconds: float, seed: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
 @torch.inference_mode()
@@ -62,7 +58,7 @@ def _engine(**kw) -> Engine:
 
 def _run(eng: Engine) -> list[list[int]]:
     """Three requests at once, then two more while those decode (one repeating an earlier recording)."""
-    waves = [_noise(s, i) for i, s in enumerate((8, 95, 31, 12))]
+    waves = [noise(s, i) for i, s in enumerate((8, 95, 31, 12))]
     first = [build_moss_sequence(eng, w, max_new_tokens=30) for w in waves[:3]]
     later = [build_moss_sequence(eng, w, max_new_tokens=12) for w in (waves[3], waves[1])]
     for s in first + later:
@@ -107,7 +103,7 @@ def test_cache_buffer_is_pinned_on_the_submitting_thread(monkeypatch):
     # Pinning host memory is slow (~0.8 ms per MB on an H200); on the engine loop it held up hand-overs and
     # running decodes, so the buffer the embeddings are cached in is made in submit and filled in place.
     eng = _engine()
-    wave = _noise(40, 7)
+    wave = noise(40, 7)
     seq = build_moss_sequence(eng, wave, max_new_tokens=4)
     seq.stop_checker, seq.stop_token_ids = None, ()
     eng.submit(seq)

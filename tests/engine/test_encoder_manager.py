@@ -4,25 +4,18 @@ encoded, and the result equals encoding at admission (the previous path)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, FinishReason
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from engine import Engine, FinishReason
+from tests.conftest import noise, tiny_moss_engine
 from transcription.moss_td_pipeline import build_moss_sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _noise(seconds: float, seed: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
-
-
 def _engine(budget: int, **kw) -> Engine:
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                               max_context=8192, kv_budget_bytes=24 << 20, max_running_requests=4,
-                               encoder_window_budget=budget, **kw))
+    return tiny_moss_engine(max_context=8192, kv_budget_bytes=24 << 20, encoder_window_budget=budget, **kw)
 
 
 def _seq(engine, wave, n):
@@ -40,19 +33,19 @@ def at_admission():
     """Tokens of the short and the long request with the encoder run at admission (budget 0)."""
     eng = _engine(0)
     assert not eng.encoder.enabled
-    short, long = _seq(eng, _noise(8, 1), 40), _seq(eng, _noise(LONG_S, 2), 6)
+    short, long = _seq(eng, noise(8, 1), 40), _seq(eng, noise(LONG_S, 2), 6)
     eng.generate([short, long])
     return short.output_ids, long.output_ids
 
 
 def test_long_recording_is_microbatched_while_a_decode_keeps_going(at_admission):
     eng = _engine(3, encoder_cache_entries=0)
-    short = _seq(eng, _noise(8, 1), 40)
+    short = _seq(eng, noise(8, 1), 40)
     eng.submit(short)
     while len(short.output_ids) < 2:
         eng.step()
     assert eng.stats()["encoder_windows"] == 1
-    long = _seq(eng, _noise(LONG_S, 2), 6)
+    long = _seq(eng, noise(LONG_S, 2), 6)
     eng.submit(long)
     per_step, tokens_during = [], 0
     while not long.prefill_done and long.num_computed == 0:
@@ -73,7 +66,7 @@ def test_long_recording_is_microbatched_while_a_decode_keeps_going(at_admission)
 
 def test_windows_of_several_requests_share_a_microbatch(at_admission):
     eng = _engine(8, encoder_cache_entries=0)
-    seqs = [_seq(eng, _noise(8, 1), 40), _seq(eng, _noise(LONG_S, 2), 6), _seq(eng, _noise(20, 3), 4)]
+    seqs = [_seq(eng, noise(8, 1), 40), _seq(eng, noise(LONG_S, 2), 6), _seq(eng, noise(20, 3), 4)]
     for s in seqs:
         eng.submit(s)
     eng.step()  # 1 + 7 windows in one microbatch; the short request starts prefill in the same step
@@ -92,7 +85,7 @@ def test_embeddings_equal_one_pass_over_the_recording():
     """Microbatches cut the recording anywhere; its windows' outputs are concatenated per recording
     before the 4-frame merge, so the embeddings equal one pass over all windows."""
     eng = _engine(3, encoder_cache_entries=0)
-    wave = _noise(LONG_S, 2)
+    wave = noise(LONG_S, 2)
     got = []
     attach = eng.model.attach_audio
     eng.model.attach_audio = lambda seq, emb: (got.append(emb), attach(seq, emb))[1]
@@ -104,8 +97,8 @@ def test_embeddings_equal_one_pass_over_the_recording():
 
 def test_abort_while_encoding_frees_everything():
     eng = _engine(2)
-    long = _seq(eng, _noise(LONG_S, 4), 4)
-    other = _seq(eng, _noise(8, 5), 4)
+    long = _seq(eng, noise(LONG_S, 4), 4)
+    other = _seq(eng, noise(8, 5), 4)
     eng.submit(long)
     eng.step()  # two windows launched
     eng.submit(other)
@@ -120,7 +113,7 @@ def test_abort_while_encoding_frees_everything():
 
 def test_failed_microbatch_ends_its_requests_not_the_engine(monkeypatch):
     eng = _engine(8, encoder_cache_entries=0)
-    good_wave = _noise(8, 6)
+    good_wave = noise(8, 6)
     real = eng.encoder._encode
     calls = {"n": 0}
 
@@ -131,7 +124,7 @@ def test_failed_microbatch_ends_its_requests_not_the_engine(monkeypatch):
         return real(x)
 
     monkeypatch.setattr(eng.encoder, "_encode", flaky)
-    bad = _seq(eng, _noise(40, 7), 4)
+    bad = _seq(eng, noise(40, 7), 4)
     eng.generate([bad])
     assert bad.finish_reason == FinishReason.ERROR and "out of memory" in bad.error
     ok = eng.generate([_seq(eng, good_wave, 4)])[0]
@@ -143,7 +136,7 @@ def test_background_loop_waits_for_the_encoder():
     eng = _engine(1, encoder_cache_entries=0)  # one window per step: the loop must keep stepping
     eng.start()
     try:
-        seq = eng.generate([_seq(eng, _noise(100, 8), 3)])[0]  # 4 windows
+        seq = eng.generate([_seq(eng, noise(100, 8), 3)])[0]  # 4 windows
     finally:
         eng.shutdown()
     assert seq.finish_reason == FinishReason.LENGTH and eng.stats()["encoder_windows"] == 4

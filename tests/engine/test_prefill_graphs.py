@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import random
 
-import numpy as np
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.sampling import sample_step
-from tests.conftest import TINY_MOSS, teacher_forcing
+from tests.conftest import TINY_MOSS, noise, teacher_forcing
 from transcription.moss_td_pipeline import build_moss_sequence
 
 CUDA = torch.cuda.is_available()
@@ -27,10 +26,6 @@ if not CUDA:  # the graph-path test runs the Triton backend under the interprete
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def _wave(seconds: float, seed: int) -> np.ndarray:
-    return (0.1 * np.random.default_rng(seed).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
 def test_split_batch_gives_the_whole_batch_logits():
@@ -44,7 +39,7 @@ def test_split_batch_gives_the_whole_batch_logits():
         eng.submit(s)
     while not all(len(s.output_ids) >= 2 for s in decoding):
         eng.step()
-    audio = build_moss_sequence(eng, _wave(6.0, 0), max_new_tokens=4)
+    audio = build_moss_sequence(eng, noise(6.0, 0), max_new_tokens=4)
     eng.submit(audio)
     eng._drain()
     while eng.encoder.has_work():
@@ -91,7 +86,7 @@ def test_prefill_graphs_match_eager_with_audio_arriving_during_decode():
             if i % 3 == 2:
                 s = Sequence(prompt_ids=list(range(1000 + i, 1000 + i + 17 * i)), max_new_tokens=6)
             else:
-                s = build_moss_sequence(eng, _wave(1.0 + 3.0 * i, i), max_new_tokens=4 + i % 5)
+                s = build_moss_sequence(eng, noise(1.0 + 3.0 * i, i), max_new_tokens=4 + i % 5)
             s.ignore_eos, s.stop_checker, s.logits_processor, s.tag = True, None, record, i
             seqs.append(s)
         for wave in (seqs[:3], seqs[3:9], seqs[9:]):
@@ -127,7 +122,7 @@ def test_split_at_every_legal_k_gives_the_whole_batch_logits():
             break
         if i < 50 and len(live) < 8 and rng.random() < 0.5:
             if rng.random() < 0.4:
-                s = build_moss_sequence(eng, _wave(rng.choice([1.0, 2.0]), i),
+                s = build_moss_sequence(eng, noise(rng.choice([1.0, 2.0]), i),
                                         max_new_tokens=rng.randint(2, 20))
             else:
                 s = Sequence(prompt_ids=[rng.randrange(1, 150_000) for _ in range(rng.choice([1, 2, 9, 30]))],
@@ -276,7 +271,7 @@ def test_graph_paths_equal_eager_on_the_cpu(monkeypatch):
     for e in engines:  # the engine with the emulated graphs, then the same steps on the reference backend
         text = [Sequence(prompt_ids=list(range(500 + 40 * i, 500 + 40 * i + n)), max_new_tokens=m,
                          ignore_eos=True) for i, (n, m) in enumerate(shapes)]
-        audio = build_moss_sequence(e, _wave(1.0, 9), max_new_tokens=2)
+        audio = build_moss_sequence(e, noise(1.0, 9), max_new_tokens=2)
         audio.stop_checker = None
         plan = [  # (submitted before the step, chunk size); audio prompt: 99 tokens, audio at 15-27
             (text[:2], 32), ([], 32), ([audio], 8), ([], 32), ([], 40), ([], 32), ([], 8), ([], 8), ([], 8),

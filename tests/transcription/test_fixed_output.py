@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from engine import Engine, EngineConfig
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-from tests.conftest import pcm16_wav
+from tests.conftest import noise, pcm16_wav, tiny_moss_engine
 from transcription.transcriber import TranscribeOptions, Transcriber
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -15,16 +12,13 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def moss():
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                               max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
+    return tiny_moss_engine()
 
 
-def _noise(seconds: float) -> np.ndarray:
-    return (0.1 * np.random.default_rng(3).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
 def _wav(seconds: float) -> bytes:
-    return pcm16_wav((_noise(seconds) * 32767).astype("<i2"))
+    return pcm16_wav((noise(seconds, 3) * 32767).astype("<i2"))
 
 
 @pytest.mark.parametrize("tokens", [1, 7])

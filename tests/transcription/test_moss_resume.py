@@ -6,12 +6,11 @@ segment and then loop on "[S01]yeah"; the real loop guard stops it, and the cont
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, FinishReason
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from engine import FinishReason
+from tests.conftest import noise, tiny_moss_engine
 from transcription.decode_quality import FALLBACK_SEED
 from transcription.moss_resume import RESUME_TEMPERATURES, complete_prefix, resume_after_loops
 from transcription.moss_td_pipeline import build_moss_sequence, moss_guard, moss_result
@@ -22,12 +21,9 @@ GOOD = "[0.50][S01]Good morning.[2.00]"
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                               max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
+    return tiny_moss_engine()
 
 
-def _noise(seconds: float) -> np.ndarray:
-    return (0.1 * np.random.default_rng(0).standard_normal(int(seconds * 16_000))).astype(np.float32)
 
 
 class Script:
@@ -77,7 +73,7 @@ def looping_first(engine, wave, budget: int):
 
 def test_a_loop_resumes_after_the_last_complete_segment_within_the_budget(engine, monkeypatch):
     tok = engine.tokenizer
-    wave = _noise(10)
+    wave = noise(10, 0)
     seq = looping_first(engine, wave, 200)
     n = complete_prefix(tok, seq.output_ids)
     rest = "[2.40][S02]Hi, all.[5.00]"[len(tok.decode(seq.output_ids[:n])) - len(GOOD):]
@@ -99,7 +95,7 @@ def test_a_loop_resumes_after_the_last_complete_segment_within_the_budget(engine
 
 def test_a_loop_in_every_continuation_stops_after_the_last_temperature(engine, monkeypatch):
     tok = engine.tokenizer
-    wave = _noise(10)
+    wave = noise(10, 0)
     seq = looping_first(engine, wave, 400)
     conts = scripted_continuations(engine, monkeypatch, seq, Script([], tok.encode("[S01]yeah")))
     r = resume_after_loops(engine, seq, wave, lambda: moss_guard(tok, 10.0))

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import data_file
+from tests.conftest import data_file, tiny_moss_engine
 from transcription.audio import Frontend, decode_audio
 from transcription.moss_sections import link_speakers, plan_sections
 
@@ -63,13 +63,10 @@ def test_sections_are_cut_in_silences_and_fit():
 def test_a_recording_past_the_context_runs_as_linked_sections_dummy_weights():
     """The plumbing on tiny dummy weights: a context of 2048 tokens holds about 100 s, so 3.5 minutes of
     meeting audio run as three sections, whose results come back as one."""
-    from engine import Engine, EngineConfig
-    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
     from transcription.moss_sections import fits, longest_section_s
     from transcription.moss_transcribe import transcribe_moss
 
-    eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                              max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
+    eng = tiny_moss_engine()
     call = decode_audio(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), frontend=Frontend.LIBROSA).mono
     wave = np.tile(call, 7)  # 210 s
     assert not fits(eng, wave.size) and fits(eng, 60 * 16_000)

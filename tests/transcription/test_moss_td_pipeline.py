@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
-from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+from engine import FinishReason, RequestRejected, Sequence
+from tests.conftest import tiny_moss_engine
 from transcription.moss_td_pipeline import build_moss_sequence, default_budget, moss_result
 from transcription.repetition import RepetitionGuard
 
@@ -16,8 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def engine():
     """What ``--model moss-td --load-format dummy`` builds, at a tiny size, with a 2,048-token context."""
-    return Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                               max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
+    return tiny_moss_engine()
 
 
 def _noise(seconds: float, seed: int = 0) -> np.ndarray:

@@ -50,11 +50,9 @@ class Recorder:
 @pytest.fixture(scope="module")
 def moss():
     """A tiny dummy MOSS-TD engine with its loop running, its ``submit`` recorded."""
-    from engine import Engine, EngineConfig
-    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
+    from tests.conftest import tiny_moss_engine
 
-    engine = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=TINY_DUMMY_CONFIG,
-                                 max_context=2048, kv_budget_bytes=16 << 20, max_running_requests=4))
+    engine = tiny_moss_engine()
     engine.start()
     rec = Recorder(engine)
     yield engine, rec
