@@ -26,12 +26,18 @@ from engine.attention.triton_ops import (
     decode_attention,
     decode_splits_for_fill,
     decode_tile,
-    extend_attention,
 )
 from engine.kv import KVDestination, KVPool, ReqToTokenTable, fp8
 from engine.ops import triton_rope
 from engine.ops.rotary import RotaryTable, qk_norm_rope_reference
-from tests.engine.attention.test_triton_kernels import TOL, make_cache, mixed_step, rel_err, seq_kv
+from tests.engine.attention.test_triton_kernels import (
+    TOL,
+    extend_vs_reference,
+    make_cache,
+    mixed_step,
+    rel_err,
+    seq_kv,
+)
 
 
 @triton.jit
@@ -122,26 +128,15 @@ def _decode_fp8_case(lens, hq, hkv, d, dtype, fill, max_splits, min_split, block
 
 def _extend_fp8_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows=None):
     gen = torch.Generator(device=DEV).manual_seed(len(items) * 313 + d)
-    lens = [p + e for p, e in items]
-    kc, ks, vc, vs, table, rows = _quantized_cache(lens, hkv, d, gen)
-    exts = [e for _, e in items]
-    qo = [0]
-    for e in exts:
-        qo.append(qo[-1] + e)
-    q = torch.randn(qo[-1], hq, d, generator=gen, device=DEV).to(dtype)
-    out = torch.full_like(q, float("nan"))
-    as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)
-    scale = 1 / math.sqrt(d)
-    extend_attention(q, kc, vc, out, rows, as_t(lens), as_t(exts), as_t(qo[:-1]), max(exts), sm_scale=scale,
-                     table=table, causal=True, block_m=block_m, block_n=block_n, k_scale=ks, v_scale=vs)
-    kd, vd = fp8.dequantize(kc, ks), fp8.dequantize(vc, vs)
-    for i, (p, e) in enumerate(items):
-        kk, vv = seq_kv(kd, vd, table, i + 1, p + e)
-        c = check_rows
-        spans = [(0, e)] if c is None or e <= c else [(0, c), (e - c, e)]
-        for j0, j1 in spans:
-            ref = reference_attention(q[qo[i] + j0 : qo[i] + j1], kk[: p + j1], vv[: p + j1], p + j0, scale)
-            assert rel_err(out[qo[i] + j0 : qo[i] + j1], ref) < TOL[dtype], (i, p, e, j0)
+    kc, ks, vc, vs, table, rows = _quantized_cache([p + e for p, e in items], hkv, d, gen)
+    c = check_rows
+
+    def spans(e: int) -> list[tuple[int, int]]:  # all of it, or its head and tail
+        return [(0, e)] if c is None or e <= c else [(0, c), (e - c, e)]
+
+    extend_vs_reference(items, hq, d, dtype, gen, kc, vc, table, rows, spans,
+                        ref_kv=(fp8.dequantize(kc, ks), fp8.dequantize(vc, vs)), block_m=block_m, block_n=block_n,
+                        k_scale=ks, v_scale=vs)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run where CUDA is absent")

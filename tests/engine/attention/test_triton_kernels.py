@@ -129,11 +129,12 @@ GPU_EXTEND = [
 ]
 
 
-def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | None = None,
-                 num_warps: int | None = None):
-    gen = torch.Generator(device=DEV).manual_seed(len(items) * 77 + d)
+def extend_vs_reference(items, hq, d, dtype, gen, k, v, table, rows, spans, ref_kv=None, **kernel_kw) -> None:
+    """Causal :func:`extend_attention` of ``items`` (``[(prefix, extended), ...]``; sequence i in row i + 1 of
+    ``table`` over the cache ``k``/``v``) with random queries drawn from ``gen``, each query slice
+    ``spans(extended)`` (``[(j0, j1), ...]``) held to the fp32 reference over ``ref_kv`` (default the cache)
+    within ``TOL[dtype]``. ``kernel_kw`` goes to the kernel (tiles, warps, FP8 scales)."""
     lens = [p + e for p, e in items]
-    k, v, table, rows = make_cache(lens, hkv, d, dtype, gen)
     exts = [e for _, e in items]
     qo = [0]
     for e in exts:
@@ -143,14 +144,26 @@ def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | N
     as_t = lambda x: torch.tensor(x, dtype=torch.int32, device=DEV)
     scale = 1 / math.sqrt(d)
     extend_attention(q, k, v, out, rows, as_t(lens), as_t(exts), as_t(qo[:-1]), max(exts), sm_scale=scale,
-                     table=table, causal=True, block_m=block_m, block_n=block_n, num_warps=num_warps)
+                     table=table, causal=True, **kernel_kw)
+    rk, rv = ref_kv or (k, v)
     for i, (p, e) in enumerate(items):
-        ks, vs = seq_kv(k, v, table, i + 1, p + e)
-        c = check_rows
-        spans = [(0, e)] if c is None or e <= c else [(0, c), (e // 2 - c // 2, e // 2 + c // 2), (e - c, e)]
-        for j0, j1 in spans:  # query slices keep the fp32 reference's score matrix small
+        ks, vs = seq_kv(rk, rv, table, i + 1, p + e)
+        for j0, j1 in spans(e):  # query slices keep the fp32 reference's score matrix small
             ref = reference_attention(q[qo[i] + j0 : qo[i] + j1], ks[: p + j1], vs[: p + j1], p + j0, scale)
             assert rel_err(out[qo[i] + j0 : qo[i] + j1], ref) < TOL[dtype], (i, p, e, j0)
+
+
+def _extend_case(items, hq, hkv, d, dtype, block_m, block_n, check_rows: int | None = None,
+                 num_warps: int | None = None):
+    gen = torch.Generator(device=DEV).manual_seed(len(items) * 77 + d)
+    k, v, table, rows = make_cache([p + e for p, e in items], hkv, d, dtype, gen)
+    c = check_rows
+
+    def spans(e: int) -> list[tuple[int, int]]:  # all of it, or its head, middle and tail
+        return [(0, e)] if c is None or e <= c else [(0, c), (e // 2 - c // 2, e // 2 + c // 2), (e - c, e)]
+
+    extend_vs_reference(items, hq, d, dtype, gen, k, v, table, rows, spans, block_m=block_m, block_n=block_n,
+                        num_warps=num_warps)
 
 
 @pytest.mark.skipif(CUDA, reason="interpreter cases run where CUDA is absent")
