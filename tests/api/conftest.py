@@ -49,21 +49,27 @@ def wait_final(client: httpx.Client, job_id: str, timeout_s: float = 240.0, head
         time.sleep(0.1)
 
 
+def services_with(stack, **settings):
+    """:class:`diarist.services.Services` with ``settings`` changed, over the stack's database, object store,
+    event bus and dispatcher (another API process of the same deployment, with its own event counters)."""
+    from diarist.services import Services
+
+    st = type(stack.settings).model_validate({**stack.settings.model_dump(), **settings})
+    return Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
+                    dispatcher=stack.services.dispatcher)
+
+
 @pytest.fixture
 def app_with(stack):
     """``app_with(**settings)``: an app with other settings over the stack's DB, store, bus and queue."""
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from diarist.services import Services
 
     clients = []
 
     def make(**overrides) -> TestClient:
-        st = type(stack.settings).model_validate({**stack.settings.model_dump(), **overrides})
-        svc = Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                       dispatcher=stack.services.dispatcher)
-        c = TestClient(create_app(svc), raise_server_exceptions=False)
+        c = TestClient(create_app(services_with(stack, **overrides)), raise_server_exceptions=False)
         clients.append(c)
         return c
 

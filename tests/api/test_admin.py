@@ -16,6 +16,7 @@ from diarist.apikeys import create_key, revoke_key
 from diarist.models import Job, JobMetrics, WebhookDelivery
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Segment, Transcript
+from tests.api.conftest import services_with
 from tests.conftest import data_file
 
 
@@ -23,11 +24,8 @@ from tests.conftest import data_file
 def env(stack):
     """An auth-on app over the stack's database, store, bus and queue, with one admin and one client key."""
     from api.app import create_app
-    from diarist.services import Services
 
-    st = type(stack.settings).model_validate({**stack.settings.model_dump(), "auth": True})
-    svc = Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                   dispatcher=stack.services.dispatcher)
+    svc = services_with(stack, auth=True)
     app = create_app(svc)
     app.state.engine_stats = stack.app.state.engine_stats
     admin = create_key(svc.db, "ops-admin", admin=True)

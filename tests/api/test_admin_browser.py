@@ -24,6 +24,7 @@ import pytest
 
 from diarist.apikeys import create_key
 from diarist.models import Job
+from tests.api.conftest import services_with
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "admin"
@@ -48,11 +49,8 @@ def site(stack):
 
     from api.app import create_app
     from cli.commands.demo import demo_recording
-    from diarist.services import Services
 
-    st = type(stack.settings).model_validate({**stack.settings.model_dump(), "auth": True})
-    svc = Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                   dispatcher=stack.services.dispatcher)
+    svc = services_with(stack, auth=True)
     app = create_app(svc)
     app.state.engine_stats = stack.app.state.engine_stats
     sock = socket.socket()

@@ -9,19 +9,17 @@ from fastapi.testclient import TestClient
 
 from api.admin.config import get_admin_settings
 from diarist.apikeys import create_key
+from tests.api.conftest import services_with
 
 
 @pytest.fixture
 def make_api(stack, monkeypatch):
     from api.app import create_app
-    from diarist.services import Services
 
-    st = type(stack.settings).model_validate({**stack.settings.model_dump(), "auth": True, "webhook_secret": None})
     clients = []
 
     def make() -> TestClient:  # a fresh app: another API replica, or the same one after a restart
-        svc = Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                       dispatcher=stack.services.dispatcher)
+        svc = services_with(stack, auth=True, webhook_secret=None)
         c = TestClient(create_app(svc), base_url="https://testserver", raise_server_exceptions=False)
         clients.append(c)
         return c

@@ -13,6 +13,8 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis", reason="schemathesis not installed")
 from hypothesis import HealthCheck, settings
 
+from tests.api.conftest import services_with
+
 EXAMPLES = int(os.environ.get("DIARIST_FUZZ_EXAMPLES", "15"))
 
 
@@ -37,12 +39,9 @@ def test_fuzz(stack):
 
     from api.app import create_app
     from diarist.apikeys import create_key
-    from diarist.services import Services
 
     # With keys on (the production default), so that the auth checks mean something.
-    st = type(stack.settings).model_validate({**stack.settings.model_dump(), "auth": True})
-    svc = Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                   dispatcher=stack.services.dispatcher)
+    svc = services_with(stack, auth=True)
     app = create_app(svc)
     auth = {"Authorization": f"Bearer {create_key(svc.db, 'fuzz', admin=True).token}"}
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
