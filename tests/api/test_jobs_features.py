@@ -165,19 +165,26 @@ def test_poison_audio_in_the_queue_fails_once_with_its_code(stack, client, wait_
     assert done["attempts"] == 1  # not retried: a decode failure is final (redeliveries: test_process.py)
 
 
+def held_job(svc, name: str):
+    """A ``processing`` job row that no worker runs, kept from the sweeper by a lease a (fictitious) live
+    worker holds for an hour; its events are published by hand."""
+    from diarist.models import Job
+
+    job = Job(audio_key=f"jobs/{name}/audio", duration_s=10.0, status="processing", lease_owner="test",
+              lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
+    with svc.db.session() as s:
+        s.add(job)
+    return job
+
+
 def test_sse_relays_bus_events_until_the_final_status(stack, client):
     """Deterministic: a job held in `processing` (no worker owns it); events are published by hand."""
     import threading
 
     from diarist import jobs
-    from diarist.models import Job
 
     svc = stack.services
-    # held by a (fictitious) live worker: its lease keeps the sweeper from re-driving the job
-    job = Job(audio_key="jobs/held/audio", duration_s=10.0, status="processing", lease_owner="test",
-              lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
-    with svc.db.session() as s:
-        s.add(job)
+    job = held_job(svc, "held")
     got: list[tuple[str, dict]] = []
     opened = threading.Event()
 
@@ -224,14 +231,9 @@ def test_many_open_event_streams_do_not_starve_other_routes(stack, client):
     from concurrent.futures import ThreadPoolExecutor
 
     from diarist import jobs
-    from diarist.models import Job
 
     svc = stack.services
-    # held by a (fictitious) live worker: its lease keeps the sweeper from re-driving the job
-    job = Job(audio_key="jobs/held2/audio", duration_s=10.0, status="processing", lease_owner="test",
-              lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
-    with svc.db.session() as s:
-        s.add(job)
+    job = held_job(svc, "held2")
     n, opened = 48, threading.Semaphore(0)
 
     def listen(_i: int) -> int:
