@@ -99,9 +99,9 @@ class LoopbackStack:
         self.client: httpx.Client | None = None
 
     def service_env(self) -> dict[str, str]:
-        """Start Postgres, Redis and S3, migrate the database and create an API key; returns the environment
-        every ``diarist`` process of the stack shares (:data:`FAST`, the three servers, auth on), also kept
-        as ``self.env``."""
+        """Start Postgres, Redis and S3; returns the environment every ``diarist`` process of the stack shares
+        (:data:`FAST`, the three servers, auth on), also kept as ``self.env`` (a subclass adds its own keys to
+        it before :meth:`api_token` and its processes read it)."""
         self.pg, self.redis, self.s3 = Postgres(), Redis(), S3()
         env = {**os.environ, **FAST, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "DIARIST_DATABASE_URL": self.pg.url, "DIARIST_BROKER_URL": self.redis.url, "DIARIST_STORAGE": "s3",
