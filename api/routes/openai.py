@@ -37,6 +37,7 @@ from api.routes.jobs import ERRORS
 from api.schemas import ErrorResponse, JobOptions
 from api.submit import AudioSource, submit_job
 from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
+from diarist.contract.options import MAX_SPEAKERS
 from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
 from diarist.models import Job, new_id
 from diarist.outages import Dependency
@@ -46,6 +47,14 @@ from diarist.transcript import Transcript
 router = APIRouter(tags=["openai"])
 
 OpenAIFormat = Literal[OPENAI_FORMATS]  # json, text, srt, vtt, verbose_json, diarized_json
+# The form fields both routes take, declared once (FastAPI reads a route's form from its signature);
+# JobOptions checks the same values again, with the speaker-hint rule.
+RecordingForm = Annotated[UploadFile, File(description="The recording")]
+PromptForm = Annotated[str | None, Form(max_length=2000)]
+FormatForm = Annotated[OpenAIFormat, Form()]
+TemperatureForm = Annotated[float | None, Form(ge=0, le=1)]
+SpeakersForm = Annotated[int | None, Form(ge=1, le=MAX_SPEAKERS)]
+
 SYNC_ERRORS = {**ERRORS, 504: {"model": ErrorResponse}}  # 504 timeout: the wait passed sync_timeout_s
 # A failed job's code → HTTP status of the synchronous answer.
 STATUS_FOR = {"engine_error": 500, "internal_error": 500, "audio_missing": 500, "canceled": 409}
@@ -123,16 +132,16 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
              summary="OpenAI-compatible transcription (synchronous, or SSE with stream=true)")
 async def create_transcription(
     request: Request, services: ServicesDep, principal: PrincipalDep,
-    file: Annotated[UploadFile, File(description="The recording")],
+    file: RecordingForm,
     model: Annotated[str, Form()],
     language: Annotated[str | None, Form(max_length=16)] = None,
-    prompt: Annotated[str | None, Form(max_length=2000)] = None,
-    response_format: Annotated[OpenAIFormat, Form()] = "json",
-    temperature: Annotated[float | None, Form(ge=0, le=1)] = None,
+    prompt: PromptForm = None,
+    response_format: FormatForm = "json",
+    temperature: TemperatureForm = None,
     stream: Annotated[bool, Form()] = False,
-    num_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
-    min_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
-    max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    num_speakers: SpeakersForm = None,
+    min_speakers: SpeakersForm = None,
+    max_speakers: SpeakersForm = None,
     task: Annotated[Literal["transcribe", "translate"] | None, Form()] = None,
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
@@ -180,14 +189,14 @@ async def create_transcription(
              summary="OpenAI-compatible translation into English (multilingual Whisper only)")
 async def create_translation(
     request: Request, services: ServicesDep, principal: PrincipalDep,
-    file: Annotated[UploadFile, File(description="The recording")],
+    file: RecordingForm,
     model: Annotated[str, Form()],
-    prompt: Annotated[str | None, Form(max_length=2000)] = None,
-    response_format: Annotated[OpenAIFormat, Form()] = "json",
-    temperature: Annotated[float | None, Form(ge=0, le=1)] = None,
-    num_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
-    min_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
-    max_speakers: Annotated[int | None, Form(ge=1, le=64)] = None,
+    prompt: PromptForm = None,
+    response_format: FormatForm = "json",
+    temperature: TemperatureForm = None,
+    num_speakers: SpeakersForm = None,
+    min_speakers: SpeakersForm = None,
+    max_speakers: SpeakersForm = None,
 ) -> Response:
     """English text of speech in any language: a transcription with ``task=translate`` (422
     ``unsupported_task`` on an English-only model). verbose_json's ``language`` is the speech's language."""
