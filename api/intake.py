@@ -22,6 +22,8 @@ from diarist.netguard import UnsafeURL, check_url
 from diarist.pcm import FLOAT_SAMPLE_FORMATS, InvalidSamples, check_nonfinite
 from diarist.redact import redact_text
 from diarist.settings import Settings
+from transcription.audio.decode import first_audio_stream, no_samples, open_media, undecodable
+from transcription.audio.samples import AudioError
 
 CHUNK = 1 << 20
 # Above this size only the container header is read (a full decode of a huge file would stall the API).
@@ -92,19 +94,22 @@ def measure_duration(path: Path) -> float:
     Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. A damaged tail keeps what
     decoded (as the engine's decoder does). Float streams are checked for NaN/inf values on the way
     (:mod:`diarist.pcm`: a few are replaced later and reported in the result; too many are refused here).
-    Raises ApiError 422: ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``invalid_samples``.
+    The file is opened, and refused, as the decoder does (:mod:`transcription.audio.decode`: one wording
+    for the API, the engine server and the CLI; never the temp path).
+
+    Raises:
+        ApiError: 422 ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``invalid_samples``.
     """
-    if path.stat().st_size == 0:
-        raise ApiError(422, "empty_audio", "the file is empty")
     try:
-        container = av.open(str(path), mode="r", metadata_errors="ignore")
-    except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as e:
-        reason = getattr(e, "strerror", None) or type(e).__name__  # never echo our temp path
-        raise ApiError(422, "decode_failed", f"the file is not a readable media file ({reason})") from None
-    with container:
-        if not container.streams.audio:
-            raise ApiError(422, "no_audio_stream", "the file has no audio stream")
-        stream = container.streams.audio[0]
+        return _measure(path)
+    except (AudioError, InvalidSamples) as e:
+        raise ApiError(422, e.code, e.message) from None
+
+
+def _measure(path: Path) -> float:
+    """:func:`measure_duration` (seconds), its refusals as the decoder's AudioError / InvalidSamples."""
+    with open_media(path) as container:
+        stream = first_audio_stream(container)
         if path.stat().st_size > FULL_DECODE_MAX_BYTES:
             if stream.duration and stream.time_base:
                 return float(stream.duration * stream.time_base)
@@ -121,15 +126,9 @@ def measure_duration(path: Path) -> float:
                     nonfinite += int(np.count_nonzero(~np.isfinite(frame.to_ndarray())))
         except (av.error.FFmpegError, ValueError) as e:
             errors = e
-        try:
-            check_nonfinite(nonfinite, values)
-        except InvalidSamples as e:
-            raise ApiError(422, e.code, e.message) from None
+        check_nonfinite(nonfinite, values)
         if samples == 0 or not rate:
-            if errors is not None:
-                reason = getattr(errors, "strerror", None) or type(errors).__name__
-                raise ApiError(422, "decode_failed", f"the audio stream could not be decoded ({reason})")
-            raise ApiError(422, "empty_audio", "the file contains no audio samples")
+            raise no_samples() if errors is None else undecodable(errors)
         return samples / rate
 
 

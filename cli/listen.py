@@ -75,3 +75,11 @@ def url_of(host: str, sock: socket.socket) -> str:
     port it is bound to, not the one asked for (0)."""
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{sock.getsockname()[1]}"
+
+
+def loopback_of(host: str) -> str:
+    """The address a client on this machine reaches a server listening on ``host`` at, for a URL: the
+    loopback of the wildcard addresses (``0.0.0.0``, ``::``, empty), ``host`` itself otherwise (an IPv6
+    address in brackets, RFC 3986)."""
+    reach = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"[{reach}]" if ":" in reach else reach

@@ -20,8 +20,11 @@ from api.deps import ServicesDep
 log = logging.getLogger("diarist.api")
 router = APIRouter(tags=["health"])
 
+LIVENESS_PATH = "/healthz"
+"""The liveness route: it answers once the app serves (``diarist serve --workers`` waits for it)."""
 
-@router.get("/healthz", summary="Liveness")
+
+@router.get(LIVENESS_PATH, summary="Liveness")
 def healthz() -> dict:
     return {"status": "ok"}
 

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(st.log_format, st.log_level)
     host = args.host or st.host
     port = args.port if args.port is not None else st.port  # 0 is a port (any free one), not "unset"
-    from cli.listen import bind_listen, url_of
+    from cli.listen import bind_listen, loopback_of, url_of
     from cli.options import BadOption
 
     if args.workers is not None and (args.workers < 1 or args.embedded or st.embedded):
@@ -58,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             stack = EmbeddedStack(est).start()
             url = url_of(host, sock)
-            print(f"Diarist (embedded) listening on {url}  (API docs: {url}/docs)", flush=True)
             try:
-                stack.serve_forever(sock)
+                stack.serve_forever(sock, on_started=lambda: print(
+                    f"Diarist (embedded) listening on {url}  (API docs: {url}/docs)", flush=True))
             finally:
                 stack.stop()
         finally:
@@ -69,21 +69,27 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from cli.serving import run_until_signal
+    from api.routes.health import LIVENESS_PATH
+    from cli.serving import AnnouncingServer, announce_when_answering, run_until_signal
 
     sock = bind_listen(host, port)  # before uvicorn builds the app and its connections; --port 0: the OS picks
     workers = args.workers or st.api_workers
-    print(f"Diarist API listening on {url_of(host, sock)}", flush=True)
+    url = url_of(host, sock)
+    # printed once the app serves; a failed startup never prints it (uvicorn logs why and exits 3)
+    line = f"Diarist API listening on {url}"
     if workers > 1:  # each process builds its own services from the same settings (the factory below)
-        # uvicorn's supervisor binds the port itself for its children (it takes no socket): hand it the number
+        # uvicorn's supervisor binds the port itself for its children (it takes no socket): hand it the number;
+        # the app starts in the children, so the line waits for the first one to answer its liveness route
         port = sock.getsockname()[1]
         sock.close()
+        announce_when_answering(f"http://{loopback_of(host)}:{port}{LIVENESS_PATH}", line)
         uvicorn.run("cli.commands.serve:create_api", factory=True, workers=workers, host=host, port=port,
                     log_level=st.log_level.lower(), lifespan="on", log_config=None)
         return 0
     try:  # our handler (diarist.logs) formats uvicorn's lines too
-        run_until_signal(uvicorn.Server(uvicorn.Config(create_api(), log_level=st.log_level.lower(),
-                                                       lifespan="on", log_config=None)), sock)
+        server = AnnouncingServer(uvicorn.Config(create_api(), log_level=st.log_level.lower(), lifespan="on",
+                                                 log_config=None), on_started=lambda: print(line, flush=True))
+        run_until_signal(server, sock)
     finally:
         sock.close()
     return 0

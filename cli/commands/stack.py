@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
@@ -114,15 +115,17 @@ class EmbeddedStack:
             time.sleep(0.02)
         return self.url
 
-    def serve_forever(self, sock: socket.socket) -> None:
+    def serve_forever(self, sock: socket.socket, on_started: Callable[[], None] = lambda: None) -> None:
         """Serve HTTP on ``sock`` (bound, :func:`cli.listen.bind_listen`) in the foreground until Ctrl-C /
-        SIGTERM, then return (the caller stops the stack and closes the socket)."""
+        SIGTERM, then return (the caller stops the stack and closes the socket). ``on_started()`` runs once
+        the app serves (:class:`cli.serving.AnnouncingServer`); a failed app startup is uvicorn's
+        ``SystemExit(3)``, after it logged why."""
         import uvicorn
 
-        from cli.serving import run_until_signal
+        from cli.serving import AnnouncingServer, run_until_signal
 
-        server = uvicorn.Server(uvicorn.Config(self.app, log_level="info", lifespan="on",
-                                               log_config=None))  # lines go through diarist.logs
+        server = AnnouncingServer(uvicorn.Config(self.app, log_level="info", lifespan="on",
+                                                 log_config=None), on_started)  # lines go through diarist.logs
         run_until_signal(server, sock)  # returns on SIGINT/SIGTERM, so the caller's stop() runs
 
     def stop(self) -> None:

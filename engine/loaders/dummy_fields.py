@@ -1,45 +1,30 @@
 """The fields ``EngineConfig.dummy_config`` (``--dummy-config``) may set, asked of the model config dataclasses.
 
-A random-weight model is shaped by its family's config class: Whisper by
-:class:`engine.models.whisper.WhisperConfig`; MOSS-TD by the ``config.json`` layout that
-:meth:`engine.models.moss_td.MossTDConfig.from_dict` reads (``text_config``: :class:`Qwen3Config` fields,
-``audio_config``: :class:`WhisperConfig` fields, and the top-level scalars of ``MossTDConfig``). A field the
-class does not have would be dropped silently by ``from_dict``, and a value of the wrong type would fail deep
-in model construction, so both are refused here by name.
+A random-weight model is shaped by its family's config class; each family's loader declares the schema of its
+overrides and the value check (:class:`engine.loaders.registry.FamilyLoader`: Whisper's
+:class:`engine.models.whisper.WhisperConfig` fields; MOSS-TD's ``config.json`` layout,
+:func:`engine.loaders.moss_td.dummy_schema`). A field the class does not have would be dropped silently by
+``from_dict``, a value of the wrong type or out of range (a negative size, heads that do not divide the
+width) would fail deep in model construction, so all three are refused here by name.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Any
 
-MOSS_TD_TOP_LEVEL = {"tie_word_embeddings": bool, "adaptor_input_dim": int, "init_std": float}
-"""Top-level ``config.json`` keys MOSS-TD reads besides ``MossTDConfig``'s own scalar fields:
-``tie_word_embeddings`` and ``adaptor_input_dim`` (``MossTDConfig.from_dict``) and ``init_std`` (the random
-initialisation's standard deviation, ``engine.loaders.moss_td``)."""
 
+def _family(model: str) -> Any:
+    """The loader table's row of ``model`` (:data:`engine.loaders.registry.FAMILY_LOADERS`).
+    Raises ValueError for an unknown family."""
+    from engine.loaders.registry import family_loader  # torch: imported when a dummy config is checked
 
-def _scalar_fields(cls: type) -> dict[str, type]:
-    """``cls``'s dataclass fields and their types, without the nested dataclasses."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
+    return family_loader(model)
 
 
 def dummy_schema(model: str) -> dict[str, Any]:
     """``{field: type}`` of the ``dummy_config`` keys of the ``model`` family; a nested section
     (``text_config``) maps to its own ``{field: type}``. Raises ValueError for an unknown family."""
-    from engine.models.qwen3 import Qwen3Config
-    from engine.models.whisper import WhisperConfig
-
-    if model == "whisper":
-        return _scalar_fields(WhisperConfig)
-    if model == "moss-td":
-        from engine.models.moss_td import MossTDConfig
-
-        return {"text_config": _scalar_fields(Qwen3Config), "audio_config": _scalar_fields(WhisperConfig),
-                **_scalar_fields(MossTDConfig), **MOSS_TD_TOP_LEVEL}
-    raise ValueError(f"unknown model {model!r}")
+    return _family(model).dummy_schema()
 
 
 def _fits(value: Any, kind: type) -> bool:
@@ -54,12 +39,14 @@ def _fits(value: Any, kind: type) -> bool:
 
 
 def check_dummy_config(model: str, conf: dict[str, Any]) -> None:
-    """Refuse a ``dummy_config`` for the ``model`` family that names a field its config class does not have
-    or gives a field a value of another type.
+    """Refuse a ``dummy_config`` for the ``model`` family that names a field its config class does not have,
+    gives a field a value of another type, or shapes a model that cannot be built (the config class's own
+    ``check``: sizes positive, heads dividing the width, ...).
 
     Raises:
         ValueError: naming the field (``text_config.num_hidden_layers``) and what it accepts.
     """
+    family = _family(model)
 
     def check(section: dict[str, Any], schema: dict[str, Any], where: str) -> None:
         for key, value in section.items():
@@ -75,4 +62,5 @@ def check_dummy_config(model: str, conf: dict[str, Any]) -> None:
                 raise ValueError(f"field {name!r} must be {'a number' if kind is float else kind.__name__}, "
                                  f"got {value!r}")
 
-    check(conf, dummy_schema(model), "")
+    check(conf, family.dummy_schema(), "")
+    family.check_dummy(conf)  # the types are right: now the values, as the loader will build the config

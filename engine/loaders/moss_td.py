@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -26,6 +28,9 @@ from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
 from engine.models.moss_td_prompt import DEFAULT_MARKER_EVERY_S, read_chat_template, read_marker_interval
+from engine.models.qwen3 import Qwen3Config
+from engine.models.shape_checks import check_positive, scalar_fields
+from engine.models.whisper import WhisperConfig
 from engine.tokenizer import TextTokenizer
 
 log = logging.getLogger("diarist.engine")
@@ -45,6 +50,30 @@ TINY_DUMMY_CONFIG = {
     "audio_config": {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128},
     "init_std": 0.5,  # std 0.02 gives near-uniform logits; 0.5 gives varied (random) text
 }
+
+
+DEFAULT_INIT_STD = 0.02
+"""Standard deviation of the random weights when ``dummy_config`` sets no ``init_std``."""
+
+TOP_LEVEL_FIELDS = {"tie_word_embeddings": bool, "adaptor_input_dim": int, "init_std": float}
+"""Top-level ``config.json`` keys MOSS-TD reads besides ``MossTDConfig``'s own scalar fields:
+``tie_word_embeddings`` and ``adaptor_input_dim`` (``MossTDConfig.from_dict``) and ``init_std`` (the random
+initialisation's standard deviation, :func:`load_moss_td`)."""
+
+
+def dummy_schema() -> dict[str, Any]:
+    """``{field: type}`` of MOSS-TD's ``dummy_config``: the ``config.json`` layout ``MossTDConfig.from_dict``
+    reads (``text_config``: :class:`Qwen3Config` fields, ``audio_config``: :class:`WhisperConfig` fields, the
+    top-level scalars of ``MossTDConfig``) and :data:`TOP_LEVEL_FIELDS`."""
+    return {"text_config": scalar_fields(Qwen3Config), "audio_config": scalar_fields(WhisperConfig),
+            **scalar_fields(MossTDConfig), **TOP_LEVEL_FIELDS}
+
+
+def check_dummy(conf: dict[str, Any]) -> None:
+    """Refuse MOSS-TD ``dummy_config`` values that build no model: those :meth:`MossTDConfig.check` refuses
+    (and ``from_dict``'s ``adaptor_input_dim`` rule), or an ``init_std`` that is not positive (ValueError)."""
+    MossTDConfig.from_dict(conf).check()
+    check_positive(SimpleNamespace(init_std=conf.get("init_std", DEFAULT_INIT_STD)), ("init_std",))
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -183,6 +212,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
     else:
         raise ValueError(f"unknown load_format {fmt!r} for moss-td (expected 'hf' or 'dummy')")
     mcfg = MossTDConfig.from_dict(conf)
+    mcfg.check()  # ValueError naming the field, before torch builds tensors of a negative size
     marker, marker_source = resolve_marker_interval(path, cfg.marker_interval_s)
     check_feature_extractor(path, mcfg.audio.num_mel_bins)
     rules = read_generation_config(path, (EOS_ID,))  # before the weights: a refused field fails fast
@@ -200,7 +230,7 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         if fmt == "hf":
             _copy_weights(model, path)
         else:
-            _init_random(model, cfg.seed, float(conf.get("init_std", 0.02)), device)
+            _init_random(model, cfg.seed, float(conf.get("init_std", DEFAULT_INIT_STD)), device)
     model = model.to(dtype=torch_dtype(cfg.dtype)).eval()
     if device.type != "meta":
         model.fuse_projections()  # last: Module.to would split the fused weights again

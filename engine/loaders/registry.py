@@ -1,17 +1,23 @@
 """Pick a loader from the engine config and build the model on its device and dtype (Whisper's loader
-lives here, MOSS-TD's in :mod:`engine.loaders.moss_td`)."""
+lives here, MOSS-TD's in :mod:`engine.loaders.moss_td`). :data:`FAMILY_LOADERS` is the one table of what
+the loader side knows of each family (its loader, its ``dummy_config`` schema and check, its tiny shapes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.checkpoints import packaged_whisper
 from engine.config import MODEL_FAMILIES, EngineConfig
+from engine.loaders import moss_td
 from engine.loaders.base import LoadedModel, torch_dtype
 from engine.loaders.ct2 import CheckpointError, load_ct2_whisper, load_ct2_whisper_bytes
 from engine.loaders.split import assemble
+from engine.models.shape_checks import scalar_fields
 from engine.tokenizer import TextTokenizer
 
 
@@ -67,6 +73,7 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
     else:
         raise ValueError(f"unknown load_format {fmt!r} for whisper")
     wcfg = WhisperConfig.from_dict(conf)
+    wcfg.check()  # ValueError naming the field, before torch builds tensors of a negative size
     model = WhisperForConditionalGeneration(wcfg)
     if sd is not None:
         sd = {k: v for k, v in sd.items() if k != "proj_out.weight"}
@@ -90,27 +97,66 @@ def _load_whisper(cfg: EngineConfig) -> LoadedModel:
                              "name": f"whisper-{packaged.name}" if packaged is not None else path.name})
 
 
+def _whisper_dummy_schema() -> dict[str, Any]:
+    """``{field: type}`` of Whisper's ``dummy_config``: the fields of :class:`WhisperConfig`."""
+    from engine.models.whisper import WhisperConfig
+
+    return scalar_fields(WhisperConfig)
+
+
+def _check_whisper_dummy(conf: dict[str, Any]) -> None:
+    """Refuse Whisper ``dummy_config`` values :meth:`WhisperConfig.check` refuses (ValueError)."""
+    from engine.models.whisper import WhisperConfig
+
+    WhisperConfig.from_dict(conf).check()  # from_dict keeps the defaults of the fields conf does not set
+
+
+@dataclass(frozen=True)
+class FamilyLoader:
+    """What the loader side knows of one model family (its service-side facts: :data:`engine.config.FAMILIES`).
+
+    Attributes:
+        load: builds the model of an engine config (CheckpointError, ValueError).
+        dummy_schema: ``{field: type}`` of the ``dummy_config`` keys; a nested section maps to its own.
+        check_dummy: refuses ``dummy_config`` values that build no model (ValueError naming the field);
+            called on overrides whose fields and types fit ``dummy_schema``.
+        tiny_dummy_config: shape overrides for a CI-sized random-weight model.
+    """
+
+    load: Callable[[EngineConfig], LoadedModel]
+    dummy_schema: Callable[[], dict[str, Any]]
+    check_dummy: Callable[[dict[str, Any]], None]
+    tiny_dummy_config: dict[str, Any]
+
+
+FAMILY_LOADERS: dict[str, FamilyLoader] = {
+    "whisper": FamilyLoader(load=_load_whisper, dummy_schema=_whisper_dummy_schema, check_dummy=_check_whisper_dummy,
+                            tiny_dummy_config={}),  # its default shapes (WhisperConfig) are tiny.en's
+    "moss-td": FamilyLoader(load=moss_td.load_moss_td, dummy_schema=moss_td.dummy_schema,
+                            check_dummy=moss_td.check_dummy, tiny_dummy_config=moss_td.TINY_DUMMY_CONFIG),
+}
+"""The loader of every family of :data:`engine.config.MODEL_FAMILIES`, by name."""
+
+
+def family_loader(model: str) -> FamilyLoader:
+    """The :class:`FamilyLoader` of the ``model`` family. Raises ValueError for an unknown family."""
+    try:
+        return FAMILY_LOADERS[model]
+    except KeyError:
+        raise ValueError(f"unknown model {model!r} (expected one of {', '.join(MODEL_FAMILIES)})") from None
+
+
 def load_model(cfg: EngineConfig) -> LoadedModel:
     """Load the model named by ``cfg.model`` (``whisper`` or ``moss-td``).
 
     Raises:
-        CheckpointError: unreadable or incomplete checkpoint. ValueError: unknown model or format.
+        CheckpointError: unreadable or incomplete checkpoint. ValueError: unknown model or format, or a
+            config whose shapes build no model.
     """
-    if cfg.model == "whisper":
-        return _load_whisper(cfg)
-    if cfg.model == "moss-td":
-        from engine.loaders.moss_td import load_moss_td
-
-        return load_moss_td(cfg)
-    raise ValueError(f"unknown model {cfg.model!r} (expected one of {', '.join(MODEL_FAMILIES)})")
+    return family_loader(cfg.model).load(cfg)
 
 
 def tiny_dummy_config(model: str) -> dict:
     """Shape overrides (:attr:`EngineConfig.dummy_config`) for a CI-sized random-weight model of the ``model``
-    family: :data:`engine.loaders.moss_td.TINY_DUMMY_CONFIG` for MOSS-TD, none for Whisper (its default
-    shapes, :class:`engine.models.whisper.WhisperConfig`, are tiny.en's). ValueError for an unknown family."""
-    if model not in MODEL_FAMILIES:
-        raise ValueError(f"unknown model {model!r} (expected one of {', '.join(MODEL_FAMILIES)})")
-    from engine.loaders.moss_td import TINY_DUMMY_CONFIG
-
-    return dict({"moss-td": TINY_DUMMY_CONFIG}.get(model, {}))
+    family (:attr:`FamilyLoader.tiny_dummy_config`; a copy). ValueError for an unknown family."""
+    return dict(family_loader(model).tiny_dummy_config)

@@ -23,6 +23,7 @@ from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.models.mel import CHUNK_SAMPLES, log_mel_spectrogram
 from engine.models.moss_td_prompt import window_token_counts
 from engine.models.qwen3 import Qwen3Config, Qwen3Model
+from engine.models.shape_checks import check_positive
 from engine.models.whisper import WhisperConfig, WhisperEncoder
 from engine.ops.linear import UsesLinearKernels, linear
 
@@ -70,6 +71,19 @@ class MossTDConfig:
             raise ValueError(
                 f"adaptor_input_dim {dim} != d_model {out.audio.d_model} x merge {out.audio_merge_size}")
         return out
+
+    def check(self) -> None:
+        """Refuse shapes no model can be built from: the decoder's (``text_config``), the audio encoder's
+        (``audio_config``, its decoder fields unused), or a merge size or encoder batch that is not positive.
+        Field names as ``config.json`` nests them. ``audio_token_id`` is not checked against the vocabulary: tiny
+        test shapes shrink the vocabulary below it and run, the audio positions' rows coming from the encoder.
+
+        Raises:
+            ValueError: naming the first field out of range (:mod:`engine.models.shape_checks`).
+        """
+        self.text.check("text_config.")
+        self.audio.check("audio_config.", decoder=False)
+        check_positive(self, ("audio_merge_size", "encoder_batch"))
 
 
 class VQAdaptor(nn.Module):

@@ -17,6 +17,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.models.fused_weights import Fusable as _Fusable
 from engine.models.fused_weights import fuse_linears
+from engine.models.shape_checks import check_divides, check_positive
 from engine.ops import add_rms_norm, qk_norm_rope, rms_norm, silu_and_mul
 from engine.ops.linear import UsesLinearKernels, add_rms_norm_linear, add_rms_norm_swiglu_mlp, linear
 from engine.ops.norm import pre_rms_norm
@@ -56,6 +57,21 @@ class Qwen3Config:
         if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
             d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if d.get(k) is not None})
+
+    def check(self, where: str = "") -> None:
+        """Refuse shapes no decoder can be built from: a size, ``rms_norm_eps`` or ``rope_theta`` that is not
+        positive, query heads that the KV heads do not divide (grouped-query attention), or an odd
+        ``head_dim`` (rotate-half RoPE pairs its halves). ``where`` prefixes the names (``text_config.``).
+
+        Raises:
+            ValueError: naming the first field out of range (:mod:`engine.models.shape_checks`).
+        """
+        check_positive(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                              "rope_theta", "max_position_embeddings"), where)
+        check_divides(self, "num_key_value_heads", "num_attention_heads", where)
+        if self.head_dim % 2:
+            raise ValueError(f"field '{where}head_dim' must be even (rotate-half RoPE), got {self.head_dim}")
 
 
 class RMSNorm(nn.Module):

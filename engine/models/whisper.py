@@ -18,6 +18,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, ForwardBatch
 from engine.kv import CrossKVPool
 from engine.models.fused_weights import Fusable, fuse_linears
+from engine.models.shape_checks import check_divides, check_positive
 from engine.ops import add_layer_norm, layer_norm, linear_gelu
 from engine.ops.linear import UsesLinearKernels
 
@@ -45,6 +46,22 @@ class WhisperConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.decoder_attention_heads
+
+    def check(self, where: str = "", decoder: bool = True) -> None:
+        """Refuse shapes no model can be built from: a size that is not positive, or ``d_model`` that a
+        head count does not divide. ``decoder=False`` checks the encoder alone (MOSS-TD's audio encoder,
+        whose decoder fields are unused); ``where`` prefixes the field names (``audio_config.``).
+
+        Raises:
+            ValueError: naming the first field out of range (:mod:`engine.models.shape_checks`).
+        """
+        encoder = ("d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim", "num_mel_bins",
+                   "max_source_positions")
+        decoders = ("decoder_layers", "decoder_attention_heads", "decoder_ffn_dim", "vocab_size",
+                    "max_target_positions")
+        check_positive(self, encoder + decoders if decoder else encoder, where)
+        for heads in ("encoder_attention_heads", "decoder_attention_heads") if decoder else ("encoder_attention_heads",):
+            check_divides(self, heads, "d_model", where)
 
 
 class _Attention(nn.Module):

@@ -86,7 +86,7 @@ def test_bad_uploads_are_4xx_with_no_server_path_in_the_message(engine_client):
         assert (last["type"], last["code"]) == ("error", code)
         for message in (r.json()["error"]["message"], last["message"]):
             assert "/tmp" not in message and "diarist-engine-" not in message and "/" not in message
-    assert r.json()["error"]["message"] == "could not open the input as a media file (Invalid data found " \
+    assert r.json()["error"]["message"] == "the file is not a readable media file (Invalid data found " \
                                            "when processing input)"
 
 

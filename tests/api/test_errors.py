@@ -51,6 +51,19 @@ def test_bad_upload_is_422_with_code_and_service_keeps_serving(client, case):
     assert ready.status_code == 200, ready.text
 
 
+@pytest.mark.parametrize("case", list(BAD))
+def test_the_api_refuses_a_bad_file_in_the_decoders_words(client, tmp_path, case):
+    """One wording per bad file: the API's intake says what the decoder (the CLI, the engine server) says."""
+    from transcription.audio import AudioError, decode_audio
+
+    make, name, _ = BAD[case]
+    (tmp_path / "upload").write_bytes(make())  # no suffix, as the intake spools it (FFmpeg reads *.txt as tty)
+    with pytest.raises(AudioError) as e:
+        decode_audio(tmp_path / "upload")
+    r = client.post("/v1/jobs", files={"file": (name, make())})
+    assert r.json()["error"] == {"code": e.value.code, "message": e.value.message}
+
+
 def test_bad_input_leaves_no_job_behind(client):
     before = client.get("/v1/jobs", params={"limit": 200}).json()["data"]
     client.post("/v1/jobs", files={"file": ("x.txt", b"not audio")})

@@ -27,7 +27,7 @@ def served_url(p: subprocess.Popen, timeout_s: float) -> str:
 
 
 def answer(url: str, timeout_s: float) -> httpx.Response:
-    """GET ``url`` once it answers (the printed line comes before uvicorn listens)."""
+    """GET ``url`` once it answers (``diarist engine`` prints its line before uvicorn listens)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -1,4 +1,7 @@
-"""Decode any container FFmpeg reads (through PyAV) to 16 kHz float32 PCM.
+"""Decode any container FFmpeg reads (through PyAV) to 16 kHz float32 PCM, and the one home of the refusals
+of a bad file (:func:`open_media`, :func:`first_audio_stream`, :func:`undecodable`, :func:`no_samples`),
+which the API's intake raises too: the CLI, the engine server and the API say the same for the same file.
+Torch-free (the API imports it).
 
 How channels are mixed and the rate converted is the model family's own loader (:class:`Frontend`): a model
 hears what it was trained and evaluated on, and MOSS-TD's official loader differs from FFmpeg's defaults.
@@ -52,12 +55,13 @@ def _size(source: Source) -> int | None:
     return None
 
 
-def _open(source: Source) -> av.container.InputContainer:
-    """The container of ``source``.
+def open_media(source: Source) -> av.container.InputContainer:
+    """The container of ``source``; the one opener of the decoder and of the API's intake
+    (``api.intake.measure_duration``), so both refuse a bad file with the same code and message.
 
     Raises:
-        AudioError: ``empty_audio`` for a zero-byte input (the code the API's intake gives), else
-            ``decode_failed``.
+        AudioError: ``empty_audio`` for a zero-byte input, else ``decode_failed`` (the message gives FFmpeg's
+            reason, never the path).
         FileNotFoundError: (PyAV's) no such file.
     """
     if isinstance(source, bytes):
@@ -69,7 +73,25 @@ def _open(source: Source) -> av.container.InputContainer:
     except av.error.FileNotFoundError:
         raise
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as e:
-        raise AudioError("decode_failed", f"could not open the input as a media file ({_reason(e)})") from None
+        raise AudioError("decode_failed", f"the file is not a readable media file ({_reason(e)})") from None
+
+
+def first_audio_stream(container: av.container.InputContainer) -> av.audio.stream.AudioStream:
+    """The first audio stream of ``container``. Raises AudioError ``no_audio_stream`` (a video without
+    sound)."""
+    if not container.streams.audio:
+        raise AudioError("no_audio_stream", "the file has no audio stream")
+    return container.streams.audio[0]
+
+
+def undecodable(e: Exception) -> AudioError:
+    """``decode_failed`` for an audio stream that opened but decoded to nothing, with FFmpeg's reason."""
+    return AudioError("decode_failed", f"the audio stream could not be decoded ({_reason(e)})")
+
+
+def no_samples() -> AudioError:
+    """``empty_audio`` for an audio stream that decoded cleanly to zero samples."""
+    return AudioError("empty_audio", "the file contains no audio samples")
 
 
 def _finite_frame(frame: av.AudioFrame) -> tuple[av.AudioFrame, int, int]:
@@ -106,11 +128,8 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
     if (fast := _pcm16_wav(source)) is not None:
         return fast  # 16 kHz mono: no mixing, no rate change, the same samples for every frontend
     ffmpeg = Frontend(frontend) is Frontend.FFMPEG
-    with _open(source) as container:
-        streams = container.streams.audio
-        if not streams:
-            raise AudioError("no_audio_stream", "the file has no audio stream")
-        stream = streams[0]
+    with open_media(source) as container:
+        stream = first_audio_stream(container)
         channels = stream.codec_context.channels or 1
         layout = "mono" if ffmpeg and (mono or channels == 1) else None
         chunks: list[np.ndarray] = []
@@ -130,8 +149,7 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
                 chunks.append(out.to_ndarray())
         except (av.error.FFmpegError, ValueError) as e:
             if not chunks:
-                raise AudioError("decode_failed",
-                                 f"the audio stream could not be decoded ({_reason(e)})") from None
+                raise undecodable(e) from None
             # A truncated tail: keep what decoded (FFmpeg's own behaviour for damaged files).
         try:
             check_nonfinite(nonfinite, values)
@@ -141,7 +159,7 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         del chunks  # the frames' copies: from here on one array
         samples = samples.astype(np.float32, copy=False)
         if samples.shape[1] == 0:
-            raise AudioError("empty_audio", "the file contains no audio samples")
+            raise no_samples()
         if ffmpeg:
             np.clip(samples, -1.0, 1.0, out=samples)
         else:
@@ -188,11 +206,8 @@ def probe_duration(source: Source) -> float:
         AudioError: as :func:`decode_audio`.
     """
     if isinstance(source, (str, Path)):
-        with _open(source) as container:
-            streams = container.streams.audio
-            if not streams:
-                raise AudioError("no_audio_stream", "the file has no audio stream")
-            s = streams[0]
+        with open_media(source) as container:
+            s = first_audio_stream(container)
             if s.duration is not None and s.time_base is not None and s.duration > 0:
                 return float(s.duration * s.time_base)
             if container.duration and container.duration > 0:
