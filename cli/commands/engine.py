@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     dummy = dummy_config(args.dummy_config, args.model or st.model, args.load_format or st.load_format)
     check_device(device)  # DeviceUnavailable before anything listens
     # a port in use: one line and exit 2 before the model loads; bound, not listening, until the model is ready
+    # (the "listening on" line comes once uvicorn listens)
     with bind_listen(host, port) as sock:  # closed however the start ends
         return _serve(args, st, host, sock, device, dummy)
 
@@ -62,7 +63,7 @@ def _serve(args: argparse.Namespace, st: Settings, host: str, sock: socket.socke
     import uvicorn
 
     from cli.listen import url_of
-    from cli.serving import run_until_signal
+    from cli.serving import AnnouncingServer, run_until_signal
     from diarist.scratch import Scratch
     from engine import Engine
     from engine_server.server import create_engine_app
@@ -82,15 +83,15 @@ def _serve(args: argparse.Namespace, st: Settings, host: str, sock: socket.socke
                             spool_dir=scratch.path)
     c = engine.config
     kv = engine.stats()["kv_storage_dtype"]
-    print(f"Diarist engine ({device}, {c.dtype}, KV cache {kv}, {c.attention_backend} attention, CUDA graphs "
-          f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
-          f"{'on' if c.async_decode else 'off'}) listening on {url_of(host, sock)}", flush=True)
+    lines = [(f"Diarist engine ({device}, {c.dtype}, KV cache {kv}, {c.attention_backend} attention, CUDA graphs "
+             f"{'up to batch ' + str(c.cuda_graph_max_bs) if engine.runner.graphs else 'off'}, async decode "
+             f"{'on' if c.async_decode else 'off'}) listening on {url_of(host, sock)}")]
     if engine.random_weights:
-        print("warning: RANDOM weights (load_format=dummy): every transcript is noise", flush=True)
-    for line in engine.fallbacks:
-        print(f"warning: {line}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           log_config=None))
+        lines.append("warning: RANDOM weights (load_format=dummy): every transcript is noise")
+    lines += [f"warning: {line}" for line in engine.fallbacks]
+    # printed once uvicorn listens (as `serve`), so a client that waits for the line is never refused
+    server = AnnouncingServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                             log_config=None), on_started=lambda: print("\n".join(lines), flush=True))
     try:
         run_until_signal(server, sock)  # SIGTERM returns here, so the engine loop stops and the scratch goes
     finally:
