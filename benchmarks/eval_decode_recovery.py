@@ -80,7 +80,7 @@ def main() -> None:
         from faster_whisper import WhisperModel
 
         peer = WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=2)
-    whisper = tr.pipeline  # the Whisper family's pipeline (transcription.whisper_pipeline): VAD and rules
+    whisper = tr.pipeline  # the Whisper family's pipeline (transcription.whisper.pipeline): VAD and rules
     speech_fn = whisper._speech
 
     def run(name: str, source, ref: str | None, peer_source=None, one_run_s: float | None = None) -> dict:

@@ -1,7 +1,7 @@
 """The decode windows of a Whisper transcript and their scores: where verbose_json's per-segment numbers
 come from.
 
-Whisper decodes a recording in windows of at most 30 s (``transcription.window_decoder``); each window's
+Whisper decodes a recording in windows of at most 30 s (``transcription.whisper.window_decoder``); each window's
 kept attempt has a ``temperature``, a ``compression_ratio`` of its text, a mean token log-probability
 ``avg_logprob`` (nats) and the model's ``no_speech_prob`` at its start (the engine result's ``windows``,
 ``transcription.decode_quality.AttemptQuality``). Every segment of a window shares its window's scores, as

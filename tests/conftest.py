@@ -111,8 +111,8 @@ def decode_and_align(engine, rel: str, max_new_tokens: int):
 
     from engine import Sequence
     from transcription.audio import decode_audio, log_mel_spectrogram
-    from transcription.whisper_align import align_words
-    from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+    from transcription.whisper.align import align_words
+    from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 
     wave = decode_audio(data_file(rel)).mono
     info = engine.loaded.info["config"]

@@ -1,6 +1,6 @@
 """Errors of a transcription, all :class:`diarist.contract.errors.CodedError`.
 
-A module of its own so that each model family's pipeline (``whisper_pipeline`` for Whisper,
+A module of its own so that each model family's pipeline (``transcription.whisper`` for Whisper,
 ``moss_transcribe`` for MOSS-TD) raises the same classes without importing the other.
 """
 

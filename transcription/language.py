@@ -25,7 +25,7 @@ import torch
 from diarist.contract.options import TASKS
 from engine.request import FinishReason, RequestRejected, Sequence
 from engine.tokenizer import TextTokenizer
-from transcription.whisper_decoding import WhisperTokens
+from transcription.whisper.decoding import WhisperTokens
 
 Task = Literal[TASKS]  # type: ignore[valid-type] - the contract's one list
 
@@ -114,7 +114,7 @@ class WhisperLanguages:
                                   f"{', '.join(self.codes)}")
 
     def prompt_ids(self, choice: LanguageChoice) -> tuple[int | None, int | None]:
-        """``(language token, task token)`` for :func:`transcription.whisper_decoding.whisper_prompt`;
+        """``(language token, task token)`` for :func:`transcription.whisper.decoding.whisper_prompt`;
         ``(None, None)`` on an English-only checkpoint (its prompt has neither)."""
         if not self.can_detect:
             return None, None

@@ -15,7 +15,7 @@ from engine.engine import Engine
 from transcription.audio import DecodedAudio, Frontend
 from transcription.moss_transcribe import MossTdPipeline
 from transcription.progress import EventFn
-from transcription.whisper_pipeline import WhisperPipeline
+from transcription.whisper.pipeline import WhisperPipeline
 
 
 class FamilyPipeline(Protocol):

@@ -39,7 +39,7 @@ def long_recording(tmp_path_factory) -> tuple[Path, int]:
     packing functions)."""
     from transcription.audio import decode_audio
     from transcription.audio.vad import detect_speech
-    from transcription.windows import pack_windows
+    from transcription.whisper.windows import pack_windows
 
     wave_f32 = np.concatenate([decode_audio(data_file(rel)).mono for rel in CLIPS])
     path = tmp_path_factory.mktemp("cancel") / "long.wav"

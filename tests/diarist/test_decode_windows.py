@@ -17,7 +17,7 @@ def result(windows):
                          {"speaker": 0, "start": 40.0, "end": 44.0, "text": "second window"}]}
 
 
-WINDOWS = [  # as transcription.window_decoder's WindowResult.as_dict writes them
+WINDOWS = [  # as transcription.whisper.window_decoder's WindowResult.as_dict writes them
     {"start": 0.0, "end": 28.0, "status": "ok", "flag": None, "attempts": 1, "temperature": 0.0,
      "compression_ratio": 1.41, "avg_logprob": -0.2312, "no_speech_prob": 0.0132, "vad_confidence": 0.91},
     {"start": 28.0, "end": 58.0, "status": "ok", "flag": None, "attempts": 2, "temperature": 0.2,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
 from tests.conftest import data_file
 from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
-from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 
 TINY = {"d_model": 64, "encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 2,
             "decoder_attention_heads": 2, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,

@@ -8,7 +8,7 @@ import torch
 from engine import Sequence
 from tests.conftest import data_file
 from transcription.audio import log_mel_spectrogram  # torch only: collected on the GPU machine without PyAV
-from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,7 +14,7 @@ from engine.tokenizer import TextTokenizer
 from tests.conftest import data_file
 from transcription.language import LanguageChoice, WhisperLanguages
 from transcription.transcriber import TranscribeOptions, Transcriber
-from transcription.whisper_decoding import WhisperTokens, whisper_prompt
+from transcription.whisper.decoding import WhisperTokens, whisper_prompt
 
 CJK = re.compile(r"[\u3040-\u30ff\u4e00-\u9fff]")
 
@@ -131,7 +131,7 @@ def test_base_honours_a_requested_language_and_translates_only_when_asked(base):
 def test_words_of_languages_without_spaces_are_characters():
     """Chinese/Japanese word timestamps are per character (OpenAI's split_tokens_on_unicode), punctuation
     joining the character before it; with spaces, words stay words."""
-    from transcription.whisper_align import _words
+    from transcription.whisper.align import _words
 
     tok = TextTokenizer(_base_files() / "tokenizer.json")
     ids = tok.encode("广州市房地产，中介协会。")

@@ -107,7 +107,7 @@ def _wave(rel: str) -> np.ndarray:
 def _transcribe(engine, waves):
     from engine import Sequence
     from transcription.audio import log_mel_spectrogram
-    from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+    from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 
     info = engine.loaded.info["config"]
     tt = WhisperTokens.from_vocab(engine.model.config.vocab_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.conftest import data_file, decode_and_align
 from transcription.audio.vad import detect_speech
 from transcription.diarization import assign_speakers, diarize
-from transcription.whisper_decoding import split_segments
+from transcription.whisper.decoding import split_segments
 
 
 def test_demo_recording_speakers_follow_the_reference(whisper_engine):

@@ -13,7 +13,7 @@ from tests.conftest import data_file
 from transcription.audio import decode_audio, log_mel_spectrogram
 from transcription.audio.vad import detect_speech
 from transcription.diarization import channel_turns, distinct_channels, label_channels
-from transcription.whisper_decoding import (
+from transcription.whisper.decoding import (
     WhisperTimestampRules,
     WhisperTokens,
     split_segments,

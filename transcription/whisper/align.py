@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.mel import HOP_LENGTH, SAMPLE_RATE
-from transcription.whisper_decoding import WhisperTokens, split_segments
+from transcription.whisper.decoding import WhisperTokens, split_segments
 
 FRAME_S = 2 * HOP_LENGTH / SAMPLE_RATE
 """Seconds per encoder frame (0.02: the encoder's stride-2 conv over 10 ms mel frames)."""

@@ -18,10 +18,10 @@ from engine.request import FinishReason, Sequence, Status, stop_reason
 from engine.sampling import SamplingParams
 from transcription.decode_quality import FALLBACK_SEED, LOOP, LOW_CONFIDENCE, TEMPERATURES
 from transcription.repetition import RepetitionGuard
-from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
-from transcription.window_decoder import MAX_RESUMES, WindowDecoder, WindowResult
-from transcription.window_outcome import incomplete_reason, window_finish, window_metrics
-from transcription.windows import Window, pack_windows
+from transcription.whisper.decoding import TIME_PRECISION, WhisperTokens, split_segments
+from transcription.whisper.window_decoder import MAX_RESUMES, WindowDecoder, WindowResult
+from transcription.whisper.window_outcome import incomplete_reason, window_finish, window_metrics
+from transcription.whisper.windows import Window, pack_windows
 
 T = WhisperTokens()
 WORD0 = 1000  # token of word k: WORD0 + k

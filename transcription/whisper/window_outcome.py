@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from engine.request import FinishReason, Sequence
 from transcription.decode_quality import LOOP, TRUNCATED
-from transcription.window_decoder import WindowResult
+from transcription.whisper.window_decoder import WindowResult
 
 
 def window_finish(results: list[WindowResult], canceled: bool) -> FinishReason:

@@ -1,5 +1,5 @@
 """Segments of one Whisper window: its tokens cut into timed segments, with word times from the alignment
-heads (:mod:`transcription.whisper_align`), and a failed window's tokens cut back to its last whole word."""
+heads (:mod:`transcription.whisper.align`), and a failed window's tokens cut back to its last whole word."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 from engine.models.mel import HOP_LENGTH, N_FRAMES
 from engine.request import Sequence
 from transcription.audio import SAMPLE_RATE
-from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
-from transcription.windows import Window
+from transcription.whisper.decoding import TIME_PRECISION, WhisperTokens, split_segments
+from transcription.whisper.windows import Window
 
 
 class WindowSegments:
@@ -30,7 +30,7 @@ class WindowSegments:
         enc = seq.mm_state.get("encoder")
         if enc is None or not self.alignment_heads:
             return None
-        from transcription.whisper_align import align_words
+        from transcription.whisper.align import align_words
 
         words = align_words(self.model, self.tokenizer, enc, seq.prompt_ids, ids,
                             self.alignment_heads, min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH))))
@@ -60,7 +60,7 @@ class WindowSegments:
         enc = seq.mm_state.pop("encoder", None)
         if want_words and enc is not None and output_ids:
             try:
-                from transcription.whisper_align import align_words
+                from transcription.whisper.align import align_words
             except ImportError:
                 align_words = None
             if align_words is not None:

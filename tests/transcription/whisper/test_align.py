@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.conftest import decode_and_align
-from transcription.whisper_align import _median_filter, align_words, dtw_path
-from transcription.whisper_decoding import split_segments
+from transcription.whisper.align import _median_filter, align_words, dtw_path
+from transcription.whisper.decoding import split_segments
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Decode a recording's Whisper windows so that no speech is silently lost: fallback, resume, seams.
 
-The windows of a recording (``transcription.windows.pack_windows``: speech packed into spans of at most
+The windows of a recording (``transcription.whisper.windows.pack_windows``: speech packed into spans of at most
 30 s, cut at silences between VAD regions) decode together in the engine's batch. Three rules keep every
 word, and each choice is the one that keeps windows that start at a silence independent (batched):
 
@@ -42,8 +42,8 @@ from transcription.decode_quality import FALLBACK_SEED, TEMPERATURES, AttemptQua
 from transcription.errors import EngineError
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
-from transcription.whisper_decoding import TIME_PRECISION, WhisperTokens, split_segments
-from transcription.windows import Window, pack_windows
+from transcription.whisper.decoding import TIME_PRECISION, WhisperTokens, split_segments
+from transcription.whisper.windows import Window, pack_windows
 
 SEAM_MARGIN_S = 1.0
 """At a hard cut, segments ending closer than this to the cut are decoded again by the next window."""

@@ -30,11 +30,16 @@ from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.result import merge_channels, sequence_metrics, whisper_result
 from transcription.speech import SpeechConfidence, cascade_device, detect_speech
-from transcription.whisper_decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
-from transcription.whisper_segments import WindowSegments
-from transcription.window_decoder import WindowDecoder, WindowResult
-from transcription.window_outcome import incomplete_reason, truncation_warnings, window_finish, window_metrics
-from transcription.windows import Window, pack_windows
+from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.whisper.segments import WindowSegments
+from transcription.whisper.window_decoder import WindowDecoder, WindowResult
+from transcription.whisper.window_outcome import (
+    incomplete_reason,
+    truncation_warnings,
+    window_finish,
+    window_metrics,
+)
+from transcription.whisper.windows import Window, pack_windows
 
 WHISPER_LOOP_MIN_SPAN = 48
 """Tokens a repeating tail must cover before a Whisper window is stopped (of its 448-token context)."""
