@@ -44,7 +44,7 @@ from benchmarks.kernel_profile import markdown as kernel_markdown
 from engine import Engine, EngineConfig, Sequence
 from engine.encoder_graphs import EncoderGraphs
 from engine.loaders.registry import load_model
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 SR = 16_000
 

@@ -42,7 +42,7 @@ from bench_baselines import (
 )
 
 from engine import Engine, EngineConfig, Sequence
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 WORKLOADS = {  # name: (requests, audio seconds, output tokens, concurrency)
     "w-short-c1": (800, 12.0, 60, 1),

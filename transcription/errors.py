@@ -1,7 +1,7 @@
 """Errors of a transcription, all :class:`diarist.contract.errors.CodedError`.
 
 A module of its own so that each model family's pipeline (``transcription.whisper`` for Whisper,
-``moss_transcribe`` for MOSS-TD) raises the same classes without importing the other.
+``transcription.moss_td`` for MOSS-TD) raises the same classes without importing the other.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol
 from diarist.contract.options import TranscribeOptions
 from engine.engine import Engine
 from transcription.audio import DecodedAudio, Frontend
-from transcription.moss_transcribe import MossTdPipeline
+from transcription.moss_td.pipeline import MossTdPipeline
 from transcription.progress import EventFn
 from transcription.whisper.pipeline import WhisperPipeline
 

@@ -2,7 +2,7 @@
 
 The :class:`Transcriber` decodes the audio as its engine's family hears it, checks the family's bound and
 hands the recording to that family's pipeline (:mod:`transcription.pipeline`: Whisper and the speaker
-cascade in :mod:`transcription.whisper.pipeline`, MOSS-TD in :mod:`transcription.moss_transcribe`); it
+cascade in :mod:`transcription.whisper.pipeline`, MOSS-TD in :mod:`transcription.moss_td.pipeline`); it
 then adds the fields every result ends with (:func:`transcription.result.finish_result`).
 """
 

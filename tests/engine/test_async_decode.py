@@ -13,7 +13,7 @@ from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.overlap import PLACEHOLDER
 from engine.request import Status
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 CUDA = torch.cuda.is_available()
 TINY = {  # vocab 512 keeps greedy ties improbable with random weights

@@ -10,7 +10,7 @@ import torch
 from engine import Engine
 from engine.encoder_cache import EncoderCache, audio_fingerprint
 from tests.conftest import noise, tiny_moss_engine
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,7 +12,7 @@ from engine.encoder_graphs import EncoderGraphs
 from engine.models.moss_td import MossTDConfig, MossTDForConditionalGeneration
 from engine.models.qwen3 import Qwen3Config
 from tests.conftest import noise
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -14,7 +14,7 @@ import torch
 from engine import Engine, EngineConfig, FinishReason, RequestRejected, Sequence
 from engine.memory_plan import CPU_KV_BUDGET, kv_budget_bytes, plan_memory
 from engine.models.moss_td_prompt import build_prompt
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 GiB = 1 << 30
 H200_KV = int(0.85 * 137 * GiB)  # 0.85 of what is free on a 139 GiB H200 after 1.8 GB of bf16 weights

@@ -18,7 +18,7 @@ from engine import Engine, EngineConfig, Sequence
 from engine.loaders.moss_td import TINY_DUMMY_CONFIG
 from engine.sampling import sample_step
 from tests.conftest import TINY_MOSS, noise, teacher_forcing
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 CUDA = torch.cuda.is_available()
 if not CUDA:  # the graph-path test runs the Triton backend under the interpreter: set before kernels load

@@ -32,7 +32,7 @@ def test_moss_td_refuses_translate_before_decoding():
     from engine import Engine, EngineConfig
     from engine.loaders.registry import tiny_dummy_config
     from transcription.errors import Rejected
-    from transcription.moss_transcribe import MossTdPipeline
+    from transcription.moss_td.pipeline import MossTdPipeline
     from transcription.transcriber import Transcriber
 
     eng = Engine(EngineConfig(model="moss-td", load_format="dummy", dummy_config=tiny_dummy_config("moss-td"),

@@ -14,8 +14,8 @@ from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.tokenizer import TextTokenizer
 from tests.conftest import data_file
 from tests.transcription.scripted_model import EOS, ScriptedModel
-from transcription.moss_td_parser import render_moss_td
-from transcription.moss_td_pipeline import TimestampProgress, _digit_class, build_moss_sequence, moss_result
+from transcription.moss_td.parser import render_moss_td
+from transcription.moss_td.sequence import TimestampProgress, _digit_class, build_moss_sequence, moss_result
 from transcription.repetition import RepetitionGuard
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -14,7 +14,7 @@ from engine import Engine, EngineConfig, FinishReason, Sequence
 from engine.loaders.moss_td import load_moss_td
 from engine.models.moss_td_prompt import build_prompt
 from tests.engine.models.moss_reference import Reference, make_audio
-from transcription.moss_td_pipeline import build_moss_sequence
+from transcription.moss_td.sequence import build_moss_sequence
 
 pytest.importorskip("transformers")
 

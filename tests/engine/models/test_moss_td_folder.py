@@ -16,8 +16,8 @@ from engine import Engine, EngineConfig
 from engine.loaders import CheckpointError
 from engine.models.moss_td_prompt import audio_span_ids, build_prompt
 from tests.engine.models.moss_reference import Reference, make_audio
-from transcription.moss_td_pipeline import build_moss_sequence
-from transcription.moss_transcribe import transcribe_moss
+from transcription.moss_td.pipeline import transcribe_moss
+from transcription.moss_td.sequence import build_moss_sequence
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -134,7 +134,7 @@ def _offset(seg: dict, t0: float) -> dict:
 
 
 def transcribe_sections(engine, wave: np.ndarray, options, on_event, should_cancel=None) -> dict:
-    """:func:`transcription.moss_transcribe.transcribe_moss` for a recording that does not :func:`fit`: its
+    """:func:`transcription.moss_td.pipeline.transcribe_moss` for a recording that does not :func:`fit`: its
     sections run as concurrent sequences (the engine batches them), then their speakers are linked. Events:
     ``started``, then, once every section is done, the linked ``segment`` events and the text as one
     ``delta``. The result also has ``sections`` (``[{"start", "end"}]``, seconds).
@@ -148,7 +148,7 @@ def transcribe_sections(engine, wave: np.ndarray, options, on_event, should_canc
     from transcription.diarization.embedders import CamPlusPlusEmbedder
     from transcription.diarization.pipeline import THRESHOLD
     from transcription.errors import EngineError
-    from transcription.moss_td_pipeline import build_moss_sequence, moss_result
+    from transcription.moss_td.sequence import build_moss_sequence, moss_result
 
     duration = len(wave) / SAMPLE_RATE
     prompt = getattr(options, "prompt", None)

@@ -5,7 +5,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transcription.moss_td_parser import parse_moss_td, render_moss_td
+from transcription.moss_td.parser import parse_moss_td, render_moss_td
 
 
 def seg(speaker, start, end, text):

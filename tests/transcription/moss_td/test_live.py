@@ -11,7 +11,7 @@ from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.models.moss_td_prompt import build_prompt
 from engine.tokenizer import TextTokenizer
 from tests.transcription.scripted_model import EOS, ScriptedModel
-from transcription.moss_transcribe import transcribe_moss
+from transcription.moss_td.pipeline import transcribe_moss
 
 OUTPUT = "[0.52][S01]Morning, shall we start?[2.31][2.90][S02]Yes, the figures are ready.[5.04][5.40][S01]Great.[5.92]"
 

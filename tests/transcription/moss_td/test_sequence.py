@@ -7,7 +7,7 @@ import pytest
 
 from engine import FinishReason, RequestRejected, Sequence
 from tests.conftest import tiny_moss_engine
-from transcription.moss_td_pipeline import build_moss_sequence, default_budget, moss_result
+from transcription.moss_td.sequence import build_moss_sequence, default_budget, moss_result
 from transcription.repetition import RepetitionGuard
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,7 +61,7 @@ def test_dummy_model_end_to_end(engine):
 
 
 def test_canceled_before_start_submits_nothing(engine, monkeypatch):
-    from transcription.moss_transcribe import transcribe_moss
+    from transcription.moss_td.pipeline import transcribe_moss
 
     submitted: list[Sequence] = []
     monkeypatch.setattr(engine, "submit", submitted.append)

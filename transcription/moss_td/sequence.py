@@ -144,7 +144,7 @@ def clamp_segment(seg: dict, duration: float) -> dict:
 
 def moss_result(seq: Sequence, tokenizer, duration: float, resumed=None) -> dict:
     """Decode and parse a finished MOSS-TD sequence (with ``resumed``, a
-    :class:`transcription.moss_resume.Resumed`: its kept tokens, finish reason and loop reason instead
+    :class:`transcription.moss_td.resume.Resumed`: its kept tokens, finish reason and loop reason instead
     of ``seq``'s, and ``output_tokens`` over all its sequences).
 
     Returns a dict: ``segments`` (``[{"speaker", "start", "end", "text"}]``, seconds, ends clamped to
@@ -152,10 +152,10 @@ def moss_result(seq: Sequence, tokenizer, duration: float, resumed=None) -> dict
     (``stop``/``length``/``repetition``/``abort``/``error``), ``coverage`` (last segment end, or start when
     it has no end, over ``duration``; 0 when nothing parsed), ``repetition`` (the guard's reason or
     ``None``), ``prompt_tokens``, ``output_tokens`` and ``parse_issues`` (what was malformed in the output:
-    :class:`transcription.moss_td_parser.MossParse`). After a repetition stop the repeated tail is cut
+    :class:`transcription.moss_td.parser.MossParse`). After a repetition stop the repeated tail is cut
     to its first copy.
     """
-    from transcription.moss_td_parser import parse_moss_td_report
+    from transcription.moss_td.parser import parse_moss_td_report
 
     ids = list(seq.output_ids)
     guard = seq.stop_checker if isinstance(seq.stop_checker, RepetitionGuard) else None

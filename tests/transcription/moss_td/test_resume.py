@@ -12,8 +12,8 @@ import torch
 from engine import FinishReason
 from tests.conftest import noise, tiny_moss_engine
 from transcription.decode_quality import FALLBACK_SEED
-from transcription.moss_resume import RESUME_TEMPERATURES, complete_prefix, resume_after_loops
-from transcription.moss_td_pipeline import build_moss_sequence, moss_guard, moss_result
+from transcription.moss_td.resume import RESUME_TEMPERATURES, complete_prefix, resume_after_loops
+from transcription.moss_td.sequence import build_moss_sequence, moss_guard, moss_result
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 GOOD = "[0.50][S01]Good morning.[2.00]"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import data_file, tiny_moss_engine
 from transcription.audio import Frontend, decode_audio
-from transcription.moss_sections import link_speakers, plan_sections
+from transcription.moss_td.sections import link_speakers, plan_sections
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -63,8 +63,8 @@ def test_sections_are_cut_in_silences_and_fit():
 def test_a_recording_past_the_context_runs_as_linked_sections_dummy_weights():
     """The plumbing on tiny dummy weights: a context of 2048 tokens holds about 100 s, so 3.5 minutes of
     meeting audio run as three sections, whose results come back as one."""
-    from transcription.moss_sections import fits, longest_section_s
-    from transcription.moss_transcribe import transcribe_moss
+    from transcription.moss_td.pipeline import transcribe_moss
+    from transcription.moss_td.sections import fits, longest_section_s
 
     eng = tiny_moss_engine()
     call = decode_audio(data_file("en_2spk_phonecall_pyannote_sample/sample.wav"), frontend=Frontend.LIBROSA).mono

@@ -39,7 +39,7 @@ _CLOSES_TEXT = re.compile(r"[^\]\s]\s*\[\d+(?:\.\d*)?\]$")  # text, then its end
 def complete_prefix(tokenizer, ids: list[int]) -> int:
     """How many leading ``ids`` end with the last complete segment (a closing ``[end]`` bracket after a
     segment's text, possibly with the next ``[`` in the same token); 0 when no segment is complete."""
-    from transcription.moss_td_parser import parse_moss_td
+    from transcription.moss_td.parser import parse_moss_td
 
     closers = [i + 1 for i, t in enumerate(ids) if "]" in tokenizer.decode([t])]
     for n in reversed(closers[-_CANDIDATES:]):

@@ -16,8 +16,8 @@ from diarist.transcript import Transcript
 from engine.loaders.moss_td import ASSET_TOKENIZER
 from engine.request import FinishReason, Sequence
 from engine.tokenizer import TextTokenizer
-from transcription.moss_td_parser import MossParse, MossStreamParser, parse_moss_td, parse_moss_td_report
-from transcription.moss_td_pipeline import moss_result
+from transcription.moss_td.parser import MossParse, MossStreamParser, parse_moss_td, parse_moss_td_report
+from transcription.moss_td.sequence import moss_result
 
 # (input as the official tests chunk it, expected (start, end, speaker, text) segments)
 OFFICIAL = [

@@ -22,17 +22,17 @@ from transcription.cancel import Canceled
 from transcription.errors import EngineError, Rejected
 from transcription.language import LanguageChoice
 from transcription.limits import WHISPER_MAX_DURATION_S
-from transcription.moss_resume import resume_after_loops
-from transcription.moss_sections import fits, transcribe_sections
-from transcription.moss_td_parser import MossStreamParser
-from transcription.moss_td_pipeline import build_moss_sequence, clamp_segment, moss_guard, moss_result
+from transcription.moss_td.parser import MossStreamParser
+from transcription.moss_td.resume import resume_after_loops
+from transcription.moss_td.sections import fits, transcribe_sections
+from transcription.moss_td.sequence import build_moss_sequence, clamp_segment, moss_guard, moss_result
 from transcription.progress import EventFn
 from transcription.speech import cascade_device, detect_speech
 
 
 class LiveSegments:
     """Turns the raw decoded text of one MOSS-TD sequence into events while it decodes: ``segment`` for each
-    segment as soon as it is final (:class:`transcription.moss_td_parser.MossStreamParser`), and ``delta``
+    segment as soon as it is final (:class:`transcription.moss_td.parser.MossStreamParser`), and ``delta``
     with the growth of the transcript text (segment texts joined by spaces), never the raw
     ``[12.3][S01]`` markup.
 
@@ -78,7 +78,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     Text streams through an incremental detokenizer and a 50 ms coalescer into :class:`LiveSegments`:
     ``segment`` events as segments complete, ``delta`` events with the clean transcript text; nothing is
     streamed while the prompt is in (chunked) prefill, since tokens only exist after it. After a loop stop the
-    decoding resumes from the last complete segment (``transcription.moss_resume``); the continuation is not
+    decoding resumes from the last complete segment (``transcription.moss_td.resume``); the continuation is not
     streamed live, its segments are sent at the end (the result is authoritative). ``should_cancel`` is
     checked before the sequence is submitted (already canceled: nothing reaches the engine, finish_reason
     ``abort``) and polled while it runs (its KV is freed at once). ``fixed_output_tokens`` (benchmarks on
@@ -86,7 +86,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     (clamped to the context left), EOS and the loop guard off.
 
     A recording whose prompt would not leave room for its output runs as sections
-    (:func:`transcription.moss_sections.transcribe_sections`).
+    (:func:`transcription.moss_td.sections.transcribe_sections`).
 
     Raises:
         RequestRejected: ``too_short``, ``too_long``, ``kv_capacity`` (see :func:`build_moss_sequence`).
