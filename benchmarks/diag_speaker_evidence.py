@@ -3,7 +3,7 @@
 For every item with an RTTM under DATA_DIR, and for each reference speaker: seconds of speech, seconds of
 *solo* speech (no other reference speaker at that instant), and what the segmentation model says over
 that speaker's frames, aggregated over the chunks that see a frame as the pipeline does
-(``transcription.diarization.activity.aggregate``): the largest probability of a two-speaker (overlap) class,
+(``transcription.audio.activity.aggregate``): the largest probability of a two-speaker (overlap) class,
 and the share of the speaker's frames that hard powerset decoding gives two local speakers. Per item:
 how many chunks decode to 1, 2 or 3 distinct local speakers anywhere in them.
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from transcription.audio.activity import aggregate, frame_edges, grid_size
 from transcription.audio.decode import SAMPLE_RATE, decode_audio
-from transcription.diarization.activity import aggregate, frame_edges, grid_size
-from transcription.diarization.segmentation import segment, to_multilabel
+from transcription.audio.segmentation import segment, to_multilabel
 
 
 def read_rttm(path: Path) -> dict[str, list[tuple[float, float]]]:

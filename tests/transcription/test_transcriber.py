@@ -97,7 +97,7 @@ def test_cancel_before_the_windows_are_submitted_sends_nothing_to_the_engine(tr,
     steps = whisper_engine.counters["steps"]
     r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"), should_cancel=lambda: True)
     assert r.finish_reason == "abort" and r.incomplete is True and r.segments == []
-    # the VAD stopped at its first block (tests/transcription/test_vad_cancel.py): no window was made
+    # the VAD stopped at its first block (tests/transcription/audio/test_vad_cancel.py): no window was made
     assert r.no_speech is False and r.pipeline_metrics["windows"] == 0
     assert r.metrics.prompt_tokens == 0 and whisper_engine.counters["steps"] == steps
 

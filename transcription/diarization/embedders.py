@@ -79,8 +79,8 @@ class CamPlusPlusEmbedder:
         Raises:
             Canceled: ``should_cancel()`` returned True.
         """
+        from transcription.audio.segmentation import cascade_stream, one_thread
         from transcription.diarization.campplus import fbank
-        from transcription.diarization.segmentation import cascade_stream, one_thread
 
         out = np.zeros((len(windows), self.dim), np.float32)
         with self._lock, one_thread(), cascade_stream(str(self.device)):

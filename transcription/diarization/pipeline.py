@@ -33,18 +33,18 @@ from __future__ import annotations
 import numpy as np
 
 from transcription.audio import SAMPLE_RATE
-from transcription.cancel import ShouldCancel, check
-from transcription.diarization.activity import aggregate, frame_edges, grid_size
-from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
-from transcription.diarization.embedders import default_embedder
-from transcription.diarization.overlap import add_overlap_speakers, overlapping_unassigned
-from transcription.diarization.segmentation import (
+from transcription.audio.activity import aggregate, frame_edges, grid_size
+from transcription.audio.segmentation import (
     CHUNK_S,
     FRAME_STEP,
     frame_centres,
     segment_cached,
     to_multilabel,
 )
+from transcription.cancel import ShouldCancel, check
+from transcription.diarization.cluster import assign_to_centroids, check_hints, cluster_embeddings
+from transcription.diarization.embedders import default_embedder
+from transcription.diarization.overlap import add_overlap_speakers, overlapping_unassigned
 from transcription.diarization.turns import Turn, activity_to_turns, number_by_appearance
 
 __all__ = ["Turn", "diarize"]

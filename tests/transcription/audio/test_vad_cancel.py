@@ -69,7 +69,7 @@ def test_a_cancel_after_silero_skips_segmentation(monkeypatch):
 def test_a_cancel_during_segmentation_stops_it_between_batches(monkeypatch):
     """Set while segmentation-3.0 runs (after Silero's blocks and the check before it): it stops before its
     next batch of chunks, and the partial pass is not cached for the recording's diarization."""
-    from transcription.diarization import segmentation
+    from transcription.audio import segmentation
 
     wave = recording(40.0) * np.float32(0.9)  # samples no other test segments: nothing cached yet
     blocks = int(np.ceil(wave.size / vad.FRAME / 512))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from transcription.diarization.activity import aggregate, clean_up, frame_edges, grid_size, runs
-from transcription.diarization.segmentation import FRAME_SIZE, FRAME_STEP
+from transcription.audio.activity import aggregate, clean_up, frame_edges, grid_size, runs
+from transcription.audio.segmentation import FRAME_SIZE, FRAME_STEP
 
 
 def test_aggregate_means_over_the_chunks_that_see_a_frame():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from transcription.audio import SAMPLE_RATE
-from transcription.diarization.segmentation import FRAME_STEP, frame_centres
+from transcription.audio.segmentation import FRAME_STEP, frame_centres
 
 
 def grid_size(num_samples: int, offsets: np.ndarray, frames_per_chunk: int) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import data_file
 from transcription.audio import decode_audio
-from transcription.diarization import segmentation as seg
+from transcription.audio import segmentation as seg
 
 PHONE = "en_2spk_phonecall_pyannote_sample/sample"
 
