@@ -1,5 +1,6 @@
 """Audio input: decode any container to 16 kHz float32, log-mel features, voice activity, and the
-segmentation-3.0 network (``segmentation``, ``activity``) that speech detection and the speaker cascade share.
+segmentation-3.0 network (``segmentation``, ``activity``) that speech detection and the speaker cascade
+share.
 
 ``decode`` (PyAV) and the log-mel features (torch) are imported on first use, so the VAD and the speaker
 cascade, which need only ``SAMPLE_RATE``, import on machines without PyAV (the GPU image), and the worker,
