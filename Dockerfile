@@ -13,6 +13,7 @@ COPY worker ./worker
 COPY engine ./engine
 COPY transcription ./transcription
 COPY diarist ./diarist
+COPY evaluation ./evaluation
 COPY cli ./cli
 COPY migrations ./migrations
 # optional extras, e.g. --build-arg DIARIST_EXTRAS=multilingual (Whisper base; then DIARIST_MODEL_PATH=base)

@@ -14,7 +14,7 @@ import numpy as np
 
 import transcription.diarization.pipeline as P
 from cli.commands.eval import engine_transcribe_fn
-from diarist.evaluation import evaluate
+from evaluation.harness import evaluate
 
 ITEMS = ["en_2spk*", "en_ami_meeting*", "multi_en_de*"]
 THRESHOLDS = [0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70]

@@ -6,7 +6,7 @@ Usage (the reports and hypothesis folders come from ``diarist eval DATA --out R.
     python benchmarks/lang_report.py --report tiny.en=tiny.json:tiny_hyp --report base=base.json:base_hyp \\
         --out benchmarks/results/languages_cpu.json
 
-CER here is the eval scorer's (``diarist.scoring.text_errors``: NFKC, lowercase, punctuation -> space, then
+CER here is the eval scorer's (``evaluation.scoring.text_errors``: NFKC, lowercase, punctuation -> space, then
 for zh/ja every space removed and each character a token). Whisper writes Mandarin in either script (base
 often answers in Traditional characters for Simplified references), so zh clips also get
 ``cer_t2s``: the same score after OpenCC's ``t2s`` conversion of the hypothesis (the references are
@@ -32,7 +32,7 @@ def _text(hyp_dir: Path, item_id: str) -> str:
 
 
 def _clip(rec: dict, hyp_dir: Path, data_dir: Path) -> dict:
-    from diarist.scoring import text_errors
+    from evaluation.scoring import text_errors
 
     hyp = _text(hyp_dir, rec["id"])
     ref = (data_dir / rec["references"]["txt"]).read_text(encoding="utf-8") if "txt" in rec["references"] else ""

@@ -24,7 +24,8 @@ is reported as ``unlayered``):
    ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``engine_server`` (the engine
    server on ``transcription``, and its torch-free HTTP client; of ``api`` only the error shape and the
    metrics exposition); ``worker`` and ``api`` (the service processes, siblings: neither imports the other;
-   ``worker`` reaches the engine through ``engine_server``'s client); ``cli`` (the composition root,
+   ``worker`` reaches the engine through ``engine_server``'s client); ``evaluation`` (the eval harness, a
+   consumer of ``diarist`` and ``transcription`` that only the CLI runs); ``cli`` (the composition root,
    on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
    ``tests`` are consumers nothing shipped imports.
 
@@ -58,14 +59,17 @@ LAYERS: dict[str, frozenset[str]] = {
     # the engine server (on the pipeline) and its HTTP client (on diarist.contract only, torch-free); the server
     # answers in the API's error shape and serves the same Prometheus exposition (api.errors, api.metrics)
     "engine_server": frozenset({"engine", "diarist", "transcription", "api.errors", "api.metrics"}),
-    "cli": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server"}),
+    # the eval harness: a consumer of the core (scores transcripts against references); only the CLI runs it
+    "evaluation": frozenset({"engine", "diarist", "transcription"}),
+    "cli": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "evaluation"}),
     "migrations": frozenset({"diarist"}),
     # consumers: nothing of the shipped packages imports them
-    "scripts": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "cli"}),
-    "benchmarks": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "cli",
-                             "scripts", "tests"}),
-    "tests": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "cli",
-                        "scripts", "benchmarks"}),
+    "scripts": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "evaluation",
+                          "cli"}),
+    "benchmarks": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "evaluation",
+                             "cli", "scripts", "tests"}),
+    "tests": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "evaluation",
+                        "cli", "scripts", "benchmarks"}),
 }
 
 #: Folders skipped while walking: caches and virtualenvs.

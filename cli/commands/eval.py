@@ -2,7 +2,7 @@
 
 Wire-up for the main CLI: ``add_parser(subparsers)`` registers the subcommand (its
 ``func`` default is :func:`run`); ``main(argv)`` runs it standalone. The metric logic
-is in :mod:`diarist.evaluation` and :mod:`diarist.scoring`.
+is in :mod:`evaluation.harness` and :mod:`evaluation.scoring`.
 
 Exit status: 0 when the run completed (per-item failures are in the report), 2 for
 a usage problem (missing data folder, no transcription pipeline, nothing to score).
@@ -22,7 +22,7 @@ from typing import Any
 
 from cli.commands import plain
 from diarist.contract.result import TranscriptionResult
-from diarist.evaluation import TranscribeFn, evaluate
+from evaluation.harness import TranscribeFn, evaluate
 
 DEFAULT_COLLARS = (0.0, 0.25)
 
@@ -39,7 +39,7 @@ def _seconds(text: str) -> float:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data_dir", help="folder of items, one folder each, references beside the audio (see diarist.references)")
+    p.add_argument("data_dir", help="folder of items, one folder each, references beside the audio (see evaluation.references)")
     p.add_argument("--model", default="whisper", help="model family: whisper (embedded tiny.en) or moss-td")
     p.add_argument("--model-path", default=None, help="checkpoint directory, or a packaged Whisper: tiny.en (default) "
                    "or base (multilingual)")

@@ -1,12 +1,12 @@
 """`diarist eval`: transcribe every referenced recording of a data folder and score it.
 
 The data layout and reference loading are in
-:mod:`diarist.references`. Every audio file of the folder is either scored or listed in
+:mod:`evaluation.references`. Every audio file of the folder is either scored or listed in
 ``not_scored`` with the reason (no reference, or a reference whose name matches no audio);
 items with an approximate transcript (``.APPROX.txt``) are reported but left out of the
 totals; items with per-channel references are transcribed with ``multichannel=True``.
 
-Metrics and their definitions are in :mod:`diarist.scoring`. RTF = processing seconds
+Metrics and their definitions are in :mod:`evaluation.scoring`. RTF = processing seconds
 (wall time of ``transcribe_fn``, or the result's ``metrics.processing_s`` when
 replaying saved results) / audio seconds. Totals pool items the way the scorers do: WER/CER
 total errors over total reference length (jiwer's counts), cpWER/cpCER with meeteval's
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from diarist import scoring
 from diarist.contract.result import TranscriptionResult
-from diarist.references import Item, References, discover, load_references, unmatched_references
 from diarist.transcript import Transcript
+from evaluation import scoring
+from evaluation.references import Item, References, discover, load_references, unmatched_references
 
 __all__ = ["Item", "References", "aggregate", "discover", "evaluate", "load_references", "score_item"]
 

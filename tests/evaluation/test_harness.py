@@ -12,8 +12,8 @@ import pytest
 
 from cli.commands import eval as eval_cmd
 from diarist.contract.result import TranscriptionResult
-from diarist.evaluation import discover, evaluate
-from diarist.scoring import normalize_text
+from evaluation.harness import discover, evaluate
+from evaluation.scoring import normalize_text
 from tests.conftest import DATA  # ../shared/data, or DIARIST_TEST_DATA
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="shared test data not present")
@@ -337,9 +337,9 @@ def test_totals_pool_as_jiwer_meeteval_and_pyannote_do(tmp_path):
     from pyannote.core import Annotation, Segment
     from pyannote.metrics.diarization import DiarizationErrorRate, JaccardErrorRate
 
-    from diarist.references import load_references
-    from diarist.scoring import hypothesis_annotation
     from diarist.transcript import Transcript
+    from evaluation.references import load_references
+    from evaluation.scoring import hypothesis_annotation
 
     d = tmp_path / "data"
     d.mkdir()
@@ -380,7 +380,7 @@ def test_totals_pool_as_jiwer_meeteval_and_pyannote_do(tmp_path):
 
 
 def test_text_errors_count_the_reference_words_lost():
-    from diarist.scoring import text_errors
+    from evaluation.scoring import text_errors
 
     out = text_errors("one two three four", "One... four!")
     # jiwer aligns "one four" to "one two three four": two deletions, nothing substituted or inserted

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diarist.contract.result import TranscriptionResult
-from diarist.evaluation import evaluate, item_language
+from evaluation.harness import evaluate, item_language
 from tests.conftest import wav_bytes
 
 

@@ -88,7 +88,7 @@ def text_errors(reference: str, hypothesis: str) -> dict[str, Any]:
 def cp_errors(reference: list[Any], transcript: Transcript, session: str = "audio") -> dict[str, Any]:
     """cpWER and cpCER (meeteval) of the transcript's speaker segments against a speaker-attributed reference.
 
-    ``reference`` is a list of :class:`diarist.references.SpeakerLine` (``speaker``, ``text``, optional
+    ``reference`` is a list of :class:`evaluation.references.SpeakerLine` (``speaker``, ``text``, optional
     ``start``/``end``), from an ``.stm`` or a ``.txt`` + ``.speakers.txt`` pair. cpWER needs no times: each
     speaker's words are concatenated in order (reference lines without times keep their line order).
     Returns ``{cpwer, cpwer_errors, cp_ref_words, cpcer, cpcer_errors, cp_ref_chars, cp_detail}``

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diarist.scoring import ReferenceFileError
+from evaluation.scoring import ReferenceFileError
 
 AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".m4a", ".ogg", ".opus", ".mp4", ".webm", ".aac", ".mka", ".mkv"}
 
