@@ -10,8 +10,9 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI
 
-from api import admin, errors, metrics
+from api import admin, metrics
 from api.routes import events, health, jobs, openai
+from diarist.http import errors
 from diarist.metrics import ServiceMetrics
 from diarist.services import Services
 

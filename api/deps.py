@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiError
 from diarist.apikeys import authenticate
+from diarist.http.errors import ApiError
 from diarist.models import Job
 from diarist.services import Services
 

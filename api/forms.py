@@ -11,7 +11,7 @@ from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
-from api.errors import ApiError
+from diarist.http.errors import ApiError
 
 # Starlette's MultiPartParser refuses the file past ``max_files`` with this text (its only file-count error).
 _TOO_MANY_FILES = "Too many files"

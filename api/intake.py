@@ -17,7 +17,7 @@ from typing import BinaryIO
 import av
 import numpy as np
 
-from api.errors import ApiError
+from diarist.http.errors import ApiError
 from diarist.netguard import UnsafeURL, check_url
 from diarist.pcm import FLOAT_SAMPLE_FORMATS, InvalidSamples, check_nonfinite
 from diarist.redact import redact_text

@@ -15,8 +15,8 @@ from sqlalchemy.exc import IntegrityError
 
 from api import intake
 from api.deps import Principal
-from api.errors import ApiError, unknown_model
 from api.schemas import JobOptions
+from diarist.http.errors import ApiError, unknown_model
 from diarist.models import Job, JobStatus, new_id, utcnow
 from diarist.netguard import UnsafeURL, check_url
 from diarist.outages import Dependency, classify

@@ -24,8 +24,8 @@ import anyio
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
-from api.errors import ApiError
 from diarist import jobs
+from diarist.http.errors import ApiError
 from diarist.services import Services
 
 log = logging.getLogger("diarist.api")

@@ -38,13 +38,13 @@ import anyio
 from fastapi import FastAPI, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from api import errors
-from api.errors import ApiError, unknown_model
-from api.metrics import engine_metrics_router
 from diarist.contract.errors import CodedError
 from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
 from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
+from diarist.http import errors
+from diarist.http.engine_metrics import engine_metrics_router
+from diarist.http.errors import ApiError, unknown_model
 from diarist.logs import job_context
 from diarist.pcm import PcmFormat
 from engine_server.protocol import MEDIA_TYPE, read_request

@@ -22,8 +22,8 @@ is reported as ``unlayered``):
    database, storage, transcript schema; of the engine only the torch-free ``engine.config`` and
    ``engine.checkpoints``);
    ``transcription`` (recording to transcript, on ``engine`` and ``diarist``); ``engine_server`` (the engine
-   server on ``transcription``, and its torch-free HTTP client; of ``api`` only the error shape and the
-   metrics exposition); ``worker`` and ``api`` (the service processes, siblings: neither imports the other;
+   server on ``transcription``, and its torch-free HTTP client; nothing of ``api``: the error shape and the
+   engine's metrics it shares with the API are ``diarist.http``'s); ``worker`` and ``api`` (the service processes, siblings: neither imports the other;
    ``worker`` reaches the engine through ``engine_server``'s client); ``evaluation`` (the eval harness, a
    consumer of ``diarist`` and ``transcription`` that only the CLI runs); ``cli`` (the composition root,
    on everything); ``migrations`` (Alembic's env, on ``diarist``'s models); ``scripts``, ``benchmarks`` and
@@ -56,9 +56,9 @@ LAYERS: dict[str, frozenset[str]] = {
     # api and worker are siblings: neither imports the other (api reaches workers through the injected
     # diarist.services.Dispatcher)
     "api": frozenset({"engine", "diarist", "transcription"}),
-    # the engine server (on the pipeline) and its HTTP client (on diarist.contract only, torch-free); the server
-    # answers in the API's error shape and serves the same Prometheus exposition (api.errors, api.metrics)
-    "engine_server": frozenset({"engine", "diarist", "transcription", "api.errors", "api.metrics"}),
+    # the engine server (on the pipeline) and its HTTP client (on diarist.contract only, torch-free); the error
+    # shape and the Prometheus series it shares with the API are diarist.http's
+    "engine_server": frozenset({"engine", "diarist", "transcription"}),
     # the eval harness: a consumer of the core (scores transcripts against references); only the CLI runs it
     "evaluation": frozenset({"engine", "diarist", "transcription"}),
     "cli": frozenset({"engine", "diarist", "transcription", "worker", "api", "engine_server", "evaluation"}),

@@ -30,15 +30,6 @@ _lock = threading.Lock()
 _cache: dict[tuple[str, ...], tuple[float, dict[str, dict | None]]] = {}
 
 
-def engine_snapshot(engine: Any) -> dict[str, Any]:
-    """``engine.stats()`` plus the decode CUDA-graph replay count when the runner has graphs."""
-    stats = dict(engine.stats())
-    graphs = getattr(getattr(engine, "runner", None), "graphs", None)
-    if "cuda_graph_replays" not in stats:
-        stats["cuda_graph_replays"] = int(getattr(graphs, "replays", 0) or 0)
-    return stats
-
-
 def _fetch(url: str, timeout_s: float) -> dict | None:
     import httpx
 

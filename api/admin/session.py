@@ -23,9 +23,9 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from api.admin.config import get_admin_settings
 from api.deps import bearer
-from api.errors import ApiError
 from diarist.admin_actions import Actor
 from diarist.apikeys import authenticate
+from diarist.http.errors import ApiError
 from diarist.models import ApiKey
 
 log = logging.getLogger("diarist.admin")

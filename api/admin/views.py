@@ -12,9 +12,9 @@ from api.admin import engines, queries, series
 from api.admin.config import get_admin_settings
 from api.admin.render import STATIC_DIR, fragment, page
 from api.admin.session import AdminApi, AdminPage, check_csrf, clear_session, resolve, set_session
-from api.errors import ApiError
 from diarist import audit
 from diarist.apikeys import authenticate
+from diarist.http.errors import ApiError
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 

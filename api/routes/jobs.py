@@ -13,12 +13,12 @@ from sqlalchemy import func, select, tuple_
 from starlette.datastructures import UploadFile
 
 from api.deps import JobId, PrincipalDep, ServicesDep, load_job
-from api.errors import ApiError, describe_errors
 from api.forms import read_form
 from api.schemas import ErrorResponse, JobFromUrl, JobList, JobOptions, JobOut, Status, TranscriptFormat
 from api.submit import AudioSource, submit_job
 from diarist import jobs
 from diarist.formats import render
+from diarist.http.errors import ApiError, describe_errors
 from diarist.models import FINAL_STATES, Job, WebhookDelivery
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript

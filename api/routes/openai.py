@@ -29,7 +29,6 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
 from api.deps import PrincipalDep, ServicesDep
-from api.errors import ApiError, describe_errors
 from api.forms import check_one_file
 from api.routes.events import job_events
 from api.routes.health import engine_unavailable
@@ -39,6 +38,7 @@ from api.submit import AudioSource, submit_job
 from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
 from diarist.contract.options import MAX_SPEAKERS
 from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
+from diarist.http.errors import ApiError, describe_errors
 from diarist.models import Job, new_id
 from diarist.outages import Dependency
 from diarist.services import Services

@@ -2,7 +2,7 @@
 
 A :class:`CodedError` carries ``code`` (a stable machine code such as ``decode_failed``), ``message`` (for
 people), ``status`` (the HTTP status it answers with) and ``retryable`` (another attempt could succeed). The
-API answers any of them as ``{"error": {"code", "message"}}`` with its status (``api.errors``), the engine
+API answers any of them as ``{"error": {"code", "message"}}`` with its status (``diarist.http.errors``), the engine
 server sends them as its stream's ``error`` line, and the worker's engine client turns them into a job
 failure, so one ``except CodedError`` replaces a list of classes at each boundary.
 """

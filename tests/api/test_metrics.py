@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.metrics import EngineCollector, JobsCollector
+from api.metrics import JobsCollector
 from diarist.db import Database, upgrade
+from diarist.http.engine_metrics import EngineCollector
 from diarist.models import Job, JobMetrics
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

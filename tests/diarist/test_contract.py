@@ -113,8 +113,8 @@ def test_options_from_json_keeps_the_job_options_and_checks_them():
 def test_the_service_and_the_pipeline_share_the_contract():
     """The API's option list and metric fields, the job row's metric columns, the transcript's finish reasons
     and the pipeline's errors all come from diarist.contract."""
-    from api.errors import ApiError
     from api.schemas import JobOptions, Metrics
+    from diarist.http.errors import ApiError
     from diarist.models import JobMetrics
     from diarist.pcm import InvalidSamples
     from diarist.transcript import Transcript

@@ -138,7 +138,7 @@ def failing_server():
     import uvicorn
     from fastapi import FastAPI
 
-    from api import errors
+    from diarist.http import errors
 
     app = FastAPI()
     errors.install(app)

@@ -71,8 +71,8 @@ def test_too_many_bad_values_are_refused(clean, tmp_path):
 
 
 def test_intake_refuses_too_many_and_measures_a_few(clean, tmp_path):
-    from api.errors import ApiError
     from api.intake import measure_duration
+    from diarist.http.errors import ApiError
 
     assert measure_duration(float_wav(tmp_path / "few.wav", with_bad(clean, BAD))) == pytest.approx(5.855, abs=1e-3)
     many = dict.fromkeys(range(0, clean.size, 50), np.inf)  # 2%

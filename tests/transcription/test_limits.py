@@ -39,8 +39,8 @@ def test_whisper_takes_six_hours_and_unknown_families_are_refused():
 @pytest.mark.parametrize("model, ok_s, refused_s", [("whisper", 5 * 3600, 6 * 3600 + 1),
                                                     ("moss-td", 89 * 60, 90 * 60)])
 def test_submit_checks_the_family_limit(model, ok_s, refused_s):
-    from api.errors import ApiError
     from api.intake import check_duration, duration_limit_s
+    from diarist.http.errors import ApiError
     from diarist.settings import Settings
 
     st = Settings(model=model)
