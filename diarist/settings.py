@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -393,8 +392,3 @@ class Settings(EnvSettings):
     def objects_dir(self) -> Path:
         return self.storage_dir or (self.data_dir / "objects")
 
-
-@lru_cache
-def get_settings() -> Settings:
-    """The process-wide settings, read from the environment once."""
-    return Settings()

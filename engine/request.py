@@ -98,10 +98,10 @@ class Sequence:
             ``"long"``); classes have their own running limits (``EngineConfig.admission_limits``) and a
             sequence that must wait never holds back another class's.
         row: ``req_to_token`` row while running; ``num_computed``: tokens whose KV is cached;
-        ``num_allocated``: KV slots held (== positions mapped in the row: the whole reservation, allocated
-        at admission); ``kv_slots``: the same slots, host int64 ``[num_allocated]`` (numpy), so packing a
-        step and releasing the sequence never read the device table (a device-to-host copy there would
-        wait for every step in flight).
+        ``kv_slots``: the KV slots held, host int64 ``[reserved]`` (numpy; == the positions mapped in the
+        row: the whole reservation, allocated at admission; None once released), so packing a step and
+        releasing the sequence never read the device table (a device-to-host copy there would wait for
+        every step in flight).
     """
 
     prompt_ids: list[int]
@@ -123,7 +123,6 @@ class Sequence:
     error: str | None = None
     row: int | None = None
     num_computed: int = 0
-    num_allocated: int = 0
     kv_slots: np.ndarray | None = None
     reserved: int = 0
     mm_state: dict[str, Any] = field(default_factory=dict)

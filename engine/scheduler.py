@@ -103,7 +103,6 @@ class Scheduler:
         slots = self.allocator.alloc(seq.reserved)
         self.table.write(seq.row, 0, slots)
         seq.kv_slots = slots.numpy()
-        seq.num_allocated = seq.reserved
         seq.status = Status.RUNNING
         seq.timings.admitted = time.perf_counter()
         self.running.append(seq)
@@ -172,7 +171,6 @@ class Scheduler:
                 self.allocator.free(torch.from_numpy(seq.kv_slots))
             self.table.free(seq.row)
             seq.row = None
-            seq.num_allocated = 0
             seq.kv_slots = None
 
     def commit(self, batch: ScheduledBatch, next_tokens: list[int | None]) -> list[Sequence]:

@@ -29,8 +29,3 @@ class TextTokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
-
-    def decode_bytes(self, ids: list[int]) -> bytes:
-        """UTF-8 bytes of ``ids`` (byte-level BPE), for incremental detokenization that never splits a
-        character: the text of a prefix is the longest valid UTF-8 prefix of these bytes."""
-        return self.decode(ids, skip_special_tokens=True).encode("utf-8", errors="surrogatepass")

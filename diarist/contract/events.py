@@ -116,8 +116,6 @@ Event = Queued | Started | Delta | SegmentDone | Finished
 Line = Event | ResultLine | ErrorLine
 """Any line of the engine server's stream."""
 _TYPES: dict[str, type] = {c.type: c for c in (Queued, Started, Delta, SegmentDone, Finished, ResultLine, ErrorLine)}
-EVENT_TYPES = tuple(c.type for c in (Queued, Started, Delta, SegmentDone, Finished))
-"""The ``kind`` values ``on_event`` is called with."""
 
 
 def payload(line: Line) -> dict[str, Any]:

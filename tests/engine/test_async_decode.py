@@ -147,7 +147,7 @@ def _check_kv_accounting(eng: Engine) -> None:
     assert al.num_free + sum(len(h) for h in held) == al.num_slots
     assert np.array_equal(np.sort(every), np.arange(1, al.num_slots + 1))
     for s in sch.running:
-        assert len(s.kv_slots) == s.reserved == s.num_allocated == s.prompt_len + s.max_new_tokens
+        assert len(s.kv_slots) == s.reserved == s.prompt_len + s.max_new_tokens
         assert np.array_equal(eng.table.table[s.row, : s.reserved].numpy(), s.kv_slots)
         assert s.num_computed <= s.reserved <= eng.max_context
     assert all(s.status == Status.RUNNING for s in sch.running)

@@ -63,7 +63,7 @@ def test_90_minutes_admitted_on_an_h200_budget(wave90):
     assert batch.items == [(seq, 4096)]  # the first prefill chunk
     # the whole reservation is taken at admission, so the sequence can never run out of KV mid-decode
     assert h200.allocator.num_free == h200.allocator.num_slots - need
-    assert seq.num_allocated == need and len(seq.kv_slots) == need
+    assert seq.reserved == need and len(seq.kv_slots) == need
 
 
 def test_default_budget_fills_the_context_and_still_fits(h200, wave90):

@@ -128,22 +128,6 @@ def test_no_tokens_are_streamed_during_chunked_prefill():
     assert eng.counters["steps"] >= 59 // 8 + 3
 
 
-def test_window_progress_keeps_text_of_windows_that_finish_out_of_order():
-    from transcription.progress import WindowProgress
-
-    events = []
-    p = WindowProgress(3, lambda k, x: events.append((k, x)), interval_s=0.0)
-    p.text(1, "world ")
-    p.text(2, "again")
-    p.window_done(2, [{"start": 20.0, "end": 21.0, "text": "again"}])  # finishes first
-    p.window_done(1, [{"start": 10.0, "end": 11.0, "text": "world"}])
-    p.text(0, "hello ")
-    p.window_done(0, [{"start": 0.0, "end": 1.0, "text": "hello"}])
-    text = "".join(x["text"] for k, x in events if k == "delta")
-    assert text == "hello world again"
-    assert [x["start"] for k, x in events if k == "segment"] == [0.0, 10.0, 20.0]
-
-
 async def stream_transcription(transcriber, source, options=None):
     """The test's event consumer: run a transcription on a worker thread and yield its events as they happen.
 
