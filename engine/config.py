@@ -47,6 +47,10 @@ FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (
 
 KV_DTYPES = ("auto", "fp8_e4m3")
 """Values of :attr:`EngineConfig.kv_dtype`."""
+DTYPES = ("float32", "bfloat16", "float16")
+"""Compute dtypes :attr:`EngineConfig.dtype` may name (``None``: resolved from the device, ``engine.resolve``)."""
+LOAD_FORMATS = ("auto", "ct2", "hf", "dummy")
+"""Values of :attr:`EngineConfig.load_format`."""
 
 MODEL_FAMILIES = tuple(FAMILIES)
 """Values of :attr:`EngineConfig.model`: the model families the engine loads."""

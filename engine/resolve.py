@@ -21,10 +21,8 @@ from pathlib import Path
 import torch
 
 from engine.attention import BACKENDS, supports_cuda_graphs
-from engine.config import FAMILIES, DeviceUnavailable, EngineConfig
+from engine.config import DTYPES, FAMILIES, DeviceUnavailable, EngineConfig
 from engine.kv.fp8 import FP8_DTYPE, kv_storage_dtype
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def default_cpu_threads() -> int:

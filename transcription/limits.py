@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 
-SAMPLE_RATE = 16_000
+from transcription.audio import SAMPLE_RATE
+
 DEFAULT_MARKER_EVERY_S = 2  # engine.models.moss_td_prompt's default (the test checks they agree)
 WHISPER_MAX_DURATION_S = 6 * 3600.0
 """Longest recording the Whisper cascade takes (seconds); see the module docstring for the memory it needs."""

@@ -36,7 +36,7 @@ from api.routes.jobs import ERRORS
 from api.schemas import ErrorResponse, JobOptions
 from api.submit import AudioSource, submit_job
 from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
-from diarist.contract.options import MAX_SPEAKERS
+from diarist.contract.options import MAX_SPEAKERS, TASKS
 from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
 from diarist.http.errors import ApiError, describe_errors
 from diarist.models import Job, new_id
@@ -142,7 +142,7 @@ async def create_transcription(
     num_speakers: SpeakersForm = None,
     min_speakers: SpeakersForm = None,
     max_speakers: SpeakersForm = None,
-    task: Annotated[Literal["transcribe", "translate"] | None, Form()] = None,
+    task: Annotated[Literal[TASKS] | None, Form()] = None,
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
 

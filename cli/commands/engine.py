@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cli.commands import plain
 from cli.options import add_dummy_config, add_kv_dtype, dummy_config
-from engine.config import MODEL_FAMILIES
+from engine.config import LOAD_FORMATS, MODEL_FAMILIES
 
 if TYPE_CHECKING:
     import socket
@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, choices=MODEL_FAMILIES, help="model family (default DIARIST_MODEL)")
     p.add_argument("--model-path", default=None, help="checkpoint directory (default DIARIST_MODEL_PATH; whisper: "
                    "the bundled tiny.en; moss-td has none and refuses to start without one)")
-    p.add_argument("--load-format", default=None, choices=["auto", "ct2", "hf", "dummy"],
+    p.add_argument("--load-format", default=None, choices=LOAD_FORMATS,
                    help="checkpoint format (default DIARIST_LOAD_FORMAT, auto); dummy = random weights, whose "
                    "transcripts are noise")
     add_dummy_config(p)

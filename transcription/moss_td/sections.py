@@ -20,8 +20,8 @@ import numpy as np
 
 from diarist.contract.result import EngineMetrics
 from engine.models.moss_td_prompt import build_prompt
+from transcription.audio import SAMPLE_RATE
 
-SAMPLE_RATE = 16_000
 DENSE_TOKENS_PER_S = 6.0
 """Output tokens per audio second a section must leave room for: dense meetings decode at about 4.5
 (shared/docs/moss_td.md §4); a third more as headroom."""
