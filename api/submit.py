@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from api import intake
 from api.deps import Principal
 from api.schemas import JobOptions
+from diarist.events import StatusEvent
 from diarist.http.errors import ApiError, unknown_model
 from diarist.models import Job, JobStatus, new_id, utcnow
 from diarist.netguard import UnsafeURL, check_url
@@ -246,7 +247,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
         _discard_job(services, job_id)
         raise unavailable(services, Dependency.QUEUE) from None
     services.metrics.record_submitted(queue)
-    services.bus.publish(job_id, {"type": "status", "status": "queued", "progress": 0.0})
+    services.bus.publish(job_id, StatusEvent(JobStatus.QUEUED.value, 0.0).to_json())
     with services.db.session() as s:
         job = s.get(Job, job_id)
         _ = job.metrics

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import update
 
 from diarist import audit, jobs
+from diarist.events import StatusEvent
 from diarist.models import FINAL_STATES, Job, JobStatus, utcnow
 from diarist.services import Services
 
@@ -94,7 +95,7 @@ def retry(svc: Services, job_id: str) -> Outcome:
                 status=JobStatus.FAILED.value, error_code=prev_code, error_message=prev_message,
                 finished_at=utcnow(), updated_at=utcnow()))
         return Outcome("error", f"could not enqueue: {type(e).__name__}: {e}")
-    svc.bus.publish(job_id, {"type": "status", "status": JobStatus.QUEUED.value, "progress": 0.0})
+    svc.bus.publish(job_id, StatusEvent(JobStatus.QUEUED.value, 0.0).to_json())
     return Outcome("ok", f"requeued on {queue} (previous error: {prev_code})")
 
 

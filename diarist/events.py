@@ -14,9 +14,32 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 log = logging.getLogger("diarist.events")
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    """The ``status`` event of a job's stream: its state, its progress (0..1) and its error (``code``,
+    ``message``) once it failed. One type for every place that announces a job's state: the submit, the
+    worker taking it, the final transition, an admin re-queue, and the SSE stream's own first event."""
+
+    status: str
+    progress: float
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @classmethod
+    def of(cls, job: Any) -> StatusEvent:
+        """The event that describes ``job`` (a :class:`diarist.models.Job` row) as it is now."""
+        return cls(job.status, job.progress, job.error_code, job.error_message)
+
+    def to_json(self) -> dict[str, Any]:
+        """The bus / SSE form: ``{"type": "status", "status", "progress", "error": {code, message} | null}``."""
+        error = {"code": self.error_code, "message": self.error_message} if self.error_code else None
+        return {"type": "status", "status": self.status, "progress": self.progress, "error": error}
 
 
 class Subscription(Protocol):

@@ -22,6 +22,7 @@ from sqlalchemy import and_, func, or_, update
 from sqlalchemy.orm import Session
 
 from diarist.contract.result import METRIC_FIELDS, TranscriptionResult
+from diarist.events import StatusEvent
 from diarist.models import FINAL_STATES, Job, JobMetrics, JobStatus, WebhookOutbox, new_id, utcnow
 from diarist.services import Services
 
@@ -192,8 +193,7 @@ def _record_final(svc: Services, s: Session, job_id: str) -> _Final:
     job = s.get(Job, job_id)
     s.refresh(job)
     svc.metrics.record_final(job)  # once per job: only the winner of the final transition gets here
-    event = {"type": "status", "status": job.status, "progress": job.progress,
-             "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
+    event = StatusEvent.of(job).to_json()
     message_id = None
     if job.webhook_url:
         message_id = enqueue_webhook(s, job, f"job.{job.status}", svc.settings.queued_redrive_s)

@@ -25,7 +25,8 @@ from typing import TypeVar
 
 from diarist import jobs
 from diarist.contract.result import TranscriptionResult
-from diarist.models import Job, utcnow
+from diarist.events import StatusEvent
+from diarist.models import Job, JobStatus, utcnow
 from diarist.outages import Dependency, classify
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
@@ -124,7 +125,7 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
         return _fail(rt, job_id, "engine_error", f"gave up after {job.attempts - 1} attempts")
     if not job.audio_key:
         return _fail(rt, job_id, "audio_missing", "the job has no stored audio")
-    svc.bus.publish(job_id, {"type": "status", "status": "processing", "progress": job.progress})
+    svc.bus.publish(job_id, StatusEvent(JobStatus.PROCESSING.value, job.progress).to_json())
     token = CancelToken()
     progress = _Progress(rt, job_id, job.duration_s, lease, token)
     try:

@@ -17,7 +17,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from api.deps import JobId, PrincipalDep, ServicesDep, load_job
 from api.routes.jobs import ERRORS
 from api.schemas import served_progress
-from diarist.events import Subscription
+from diarist.events import StatusEvent, Subscription
 from diarist.models import FINAL_STATES, Job
 from diarist.services import Services
 from diarist.times import round_seconds
@@ -41,11 +41,6 @@ def open_stream(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -
         yield _Stream(services, job, sub)
     finally:
         sub.close()
-
-
-def status_event(job: Job) -> dict:
-    return {"type": "status", "status": job.status, "progress": job.progress,
-            "error": {"code": job.error_code, "message": job.error_message} if job.error_code else None}
 
 
 SECONDS_FIELDS = {"segment": ("start", "end")}
@@ -76,7 +71,7 @@ def job_events(services: Services, job: Job, sub: Subscription, ticks: bool = Fa
 
 def _bus_events(services: Services, job: Job, sub: Subscription, ticks: bool) -> Iterator[dict]:
     """:func:`job_events` before :func:`_served`."""
-    yield status_event(job)
+    yield StatusEvent.of(job).to_json()
     status = job.status
     while status not in FINAL_STATES:
         ev = sub.get(timeout=POLL_S)
@@ -84,12 +79,11 @@ def _bus_events(services: Services, job: Job, sub: Subscription, ticks: bool) ->
             with services.db.session() as s:
                 row = s.get(Job, job.id)
                 if row is None:
-                    yield {"type": "status", "status": "canceled", "progress": 0.0,
-                           "error": {"code": "deleted", "message": "the job was deleted"}}
+                    yield StatusEvent("canceled", 0.0, "deleted", "the job was deleted").to_json()
                     return
                 if row.status != status:
                     status = row.status
-                    yield status_event(row)
+                    yield StatusEvent.of(row).to_json()
                 elif ticks:
                     yield {"type": "tick"}
             continue
