@@ -66,9 +66,11 @@ class JobFailure(CodedError):
 class EngineClient(Protocol):
     engine_id: str
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
-        """Raises JobFailure (``canceled`` once ``cancel`` is set)."""
+    def transcribe(self, audio: Path, options: TranscribeOptions, on_event: EventFn | None = None,
+                   cancel: CancelSignal | None = None) -> TranscriptionResult:
+        """Transcribe the file at ``audio`` with ``options`` (its ``admission_class`` included).
+
+        Raises JobFailure (``canceled`` once ``cancel`` is set)."""
 
     def ready(self) -> bool: ...
 
@@ -80,13 +82,12 @@ class InProcessEngineClient:
         self.transcriber = transcriber
         self.engine_id = f"inprocess:{socket.gethostname()}:{os.getpid()}"
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
+    def transcribe(self, audio: Path, options: TranscribeOptions, on_event: EventFn | None = None,
+                   cancel: CancelSignal | None = None) -> TranscriptionResult:
         try:
-            opts = TranscribeOptions.from_json(options, admission_class=admission_class)
             # The transcriber polls the token between stages and the engine while it decodes: aborting
             # frees the KV now instead of finishing work nobody will read.
-            result = self.transcriber.transcribe(str(audio), opts, on_event=on_event,
+            result = self.transcriber.transcribe(str(audio), options, on_event=on_event,
                                                  should_cancel=cancel.is_set if cancel is not None else None)
         except CodedError as e:  # bad input, a refusal (not retryable) or an engine failure (retryable)
             raise JobFailure.of(e) from e
@@ -120,16 +121,13 @@ class HttpEngineClient:
         self.engine_id = self.url
         self.family = family  # the engine's model family: the audio is decoded as its official loader does
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelSignal | None = None, admission_class: str = "default") -> TranscriptionResult:
+    def transcribe(self, audio: Path, options: TranscribeOptions, on_event: EventFn | None = None,
+                   cancel: CancelSignal | None = None) -> TranscriptionResult:
         import httpx
 
         from transcription.audio import AudioError, Frontend, decode_audio
 
-        try:
-            opts = TranscribeOptions.from_json(options, admission_class=admission_class)
-        except CodedError as e:
-            raise JobFailure.of(e) from e
+        opts = options
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine request closed")
         t0 = time.perf_counter()

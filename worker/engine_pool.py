@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from engine_server.client import EngineClient, EventFn, HttpEngineClient, JobFailure
 from worker.cancel import CancelToken
@@ -84,8 +85,8 @@ class EnginePool:
         with self._lock:
             return list(self._in_flight)
 
-    def transcribe(self, audio: Path, options: dict, on_event: EventFn | None = None,
-                   cancel: CancelToken | None = None, admission_class: str = "default") -> TranscriptionResult:
+    def transcribe(self, audio: Path, options: TranscribeOptions, on_event: EventFn | None = None,
+                   cancel: CancelToken | None = None) -> TranscriptionResult:
         """The first answering engine's :meth:`EngineClient.transcribe` (same arguments, result and errors).
 
         Raises:
@@ -98,8 +99,7 @@ class EnginePool:
             with self._lock:
                 self._in_flight[i] += 1
             try:
-                result = client.transcribe(audio, options, on_event=on_event, cancel=cancel,
-                                           admission_class=admission_class)
+                result = client.transcribe(audio, options, on_event=on_event, cancel=cancel)
             except JobFailure as e:
                 if e.outage is None:
                     # The job's own failure (bad audio, found before any engine call; canceled) or a dropped

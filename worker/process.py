@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from diarist import jobs
+from diarist.contract.errors import InvalidRequest
+from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from diarist.events import StatusEvent
 from diarist.models import Job, JobStatus, utcnow
@@ -135,14 +137,16 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
         with (svc.store.local_path(job.audio_key) as path,
               CancelWatch(svc, job_id, token, svc.settings.cancel_poll_s, owner=lease.owner)):
             t_engine = time.perf_counter()
-            result = rt.engine.transcribe(path, {**job.options, "model": job.model}, on_event=progress,
-                                          cancel=token, admission_class=routing.admission_class(job.queue))
+            options = TranscribeOptions.from_json(job.options, admission_class=routing.admission_class(job.queue))
+            result = rt.engine.transcribe(path, options, on_event=progress, cancel=token)
             t_done = time.perf_counter()
         transcript = Transcript.from_engine(result)
         result.pipeline_metrics.update(worker_fetch_s=t_engine - t_fetch, worker_engine_s=t_done - t_engine)
     except ObjectNotFound:
         # A cancel or delete removed the audio while the message waited.
         return _fail(rt, job_id, "audio_missing", "the uploaded audio is no longer in the object store")
+    except InvalidRequest as e:  # options stored with the job that the contract refuses: the job's own error
+        return _fail(rt, job_id, e.code, e.message)
     except JobFailure as e:
         if token.is_set() or lease.lost:  # canceled, or taken over: the engine call was given up on purpose
             return Outcome("skipped")

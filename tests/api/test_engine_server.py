@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from diarist.contract.options import TranscribeOptions
 from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import data_file
 
@@ -104,7 +105,7 @@ def test_http_client_maps_a_dead_server_to_an_engine_outage(tmp_path):
 
     f = data_file("en_jfk_inaugural/jfk.flac")
     with pytest.raises(JobFailure) as e:
-        HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, {})
+        HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, TranscribeOptions())
     assert (e.value.code, e.value.retryable, e.value.outage) == ("engine_unavailable", True, Dependency.ENGINE)
     assert not HttpEngineClient("http://127.0.0.1:9").ready()
 
@@ -115,7 +116,7 @@ def test_http_client_refuses_bad_audio_before_calling_the_engine(tmp_path):
     f = tmp_path / "a.wav"
     f.write_bytes(b"x")
     with pytest.raises(JobFailure) as e:
-        HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, {})
+        HttpEngineClient("http://127.0.0.1:9", timeout_s=2).transcribe(f, TranscribeOptions())
     assert (e.value.code, e.value.retryable, e.value.outage) == ("decode_failed", False, None)
 
 

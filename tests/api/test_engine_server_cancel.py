@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
+from diarist.contract.options import TranscribeOptions
 from engine_server.client import HttpEngineClient, JobFailure
 from tests.conftest import data_file, pcm16_wav
 from worker.cancel import CancelToken
@@ -144,7 +145,7 @@ def test_worker_client_closes_the_stream_when_the_job_is_canceled(engine_server,
             token.cancel()
 
     with pytest.raises(JobFailure) as e:
-        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=on_event, cancel=token)
+        HttpEngineClient(url, timeout_s=120).transcribe(path, TranscribeOptions(num_speakers=2), on_event=on_event, cancel=token)
     assert e.value.code == "canceled" and not e.value.retryable
     assert_request_dropped(engine, free0, finished0, n_windows)
 
@@ -174,7 +175,7 @@ def test_a_cancel_from_another_thread_unblocks_a_silent_stream(engine_server, lo
     watcher = threading.Thread(target=cancel_once_busy, daemon=True)
     watcher.start()
     with pytest.raises(JobFailure) as e:
-        HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, cancel=token)
+        HttpEngineClient(url, timeout_s=120).transcribe(path, TranscribeOptions(num_speakers=2), cancel=token)
     watcher.join(timeout=70)
     assert e.value.code == "canceled" and not e.value.retryable
     # assert_request_dropped proves the cancel (windows aborted, not run out); this bounds a hang, loosely

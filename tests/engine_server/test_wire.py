@@ -73,8 +73,9 @@ def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(st
     audio = tmp_path / "a.wav"
     audio.write_bytes(wav_bytes(0.5))
     events: list[tuple[str, dict]] = []
-    out = HttpEngineClient(url).transcribe(audio, {"language": "en", "model": "m", "webhook_url": "http://x"},
-                                           on_event=lambda k, p: events.append((k, p)), admission_class="short")
+    options = TranscribeOptions.from_json({"language": "en", "model": "m", "webhook_url": "http://x"},
+                                          admission_class="short")  # as the worker reads a job's options
+    out = HttpEngineClient(url).transcribe(audio, options, on_event=lambda k, p: events.append((k, p)))
     assert events == [("queued", {"duration": 0.5}), ("started", {}), ("delta", {"text": "hello"}),
                       ("segment", {"start": 0.0, "end": None, "text": "hello", "speaker": "S01"})]
     assert out.to_json()["segments"] == engine_result()["segments"] and out.pipeline_metrics["worker_decode_s"] >= 0
@@ -94,12 +95,7 @@ def test_a_malformed_line_fails_the_attempt_as_a_retryable_protocol_error(stand_
     audio = tmp_path / "a.wav"
     audio.write_bytes(wav_bytes(0.5))
     with pytest.raises(JobFailure, match=says) as e:
-        HttpEngineClient(url).transcribe(audio, {})
+        HttpEngineClient(url).transcribe(audio, TranscribeOptions())
     assert (e.value.code, e.value.retryable, e.value.outage) == ("engine_protocol", True, None)
 
 
-def test_bad_job_options_fail_before_any_request(stand_in, tmp_path):
-    url, _, seen = stand_in
-    with pytest.raises(JobFailure, match="num_speakers must be an integer") as e:
-        HttpEngineClient(url).transcribe(tmp_path / "never-read.wav", {"num_speakers": "two"})
-    assert (e.value.code, e.value.retryable, seen) == ("invalid_request", False, [])

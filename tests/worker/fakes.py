@@ -25,8 +25,7 @@ class ResultEngine:
     def __init__(self, text: str = "hello world") -> None:
         self.text, self.calls = text, 0
 
-    def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"
-                   ) -> TranscriptionResult:
+    def transcribe(self, audio, options, on_event=None, cancel=None) -> TranscriptionResult:
         self.calls += 1
         if on_event is not None:
             on_event("segment", {"start": 0.0, "end": 0.5, "text": self.text})

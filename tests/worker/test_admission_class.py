@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from engine_server.client import HttpEngineClient, InProcessEngineClient
 from tests.conftest import data_file, pcm16_wav
@@ -104,7 +105,7 @@ def test_in_process_client_sets_the_class(moss, noise_wav, klass):
     engine, rec = moss
     rec.take()
     client = InProcessEngineClient(Transcriber(engine, fixed_output_tokens=4))
-    result = client.transcribe(noise_wav, {}, admission_class=klass)
+    result = client.transcribe(noise_wav, TranscribeOptions(admission_class=klass))
     assert result.metrics.prompt_tokens > 0
     assert rec.take() == [klass]
 
@@ -113,7 +114,7 @@ def test_in_process_client_sets_the_class(moss, noise_wav, klass):
 def test_http_client_sets_the_class(moss, moss_server, noise_wav, klass):
     _engine, rec = moss
     rec.take()
-    result = HttpEngineClient(moss_server, timeout_s=60).transcribe(noise_wav, {}, admission_class=klass)
+    result = HttpEngineClient(moss_server, timeout_s=60).transcribe(noise_wav, TranscribeOptions(admission_class=klass))
     assert result.engine_id == "adm"
     assert rec.take() == [klass]
 
@@ -156,7 +157,7 @@ def test_every_whisper_window_gets_the_class(whisper_engine, tmp_path):
     rec = Recorder(whisper_engine)
     try:
         client = InProcessEngineClient(Transcriber(whisper_engine))
-        result = client.transcribe(long, {"num_speakers": 1}, admission_class="long")
+        result = client.transcribe(long, TranscribeOptions(num_speakers=1, admission_class="long"))
         classes = rec.take()
         assert result.pipeline_metrics["decode_attempts"] == len(classes) >= result.pipeline_metrics["windows"] >= 2
         assert set(classes) == {"long"}
@@ -176,8 +177,8 @@ def test_process_job_sends_the_class_of_the_job_queue(services, make_job):
     class Engine:
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
-            seen.append(admission_class)
+        def transcribe(self, audio, options, on_event=None, cancel=None):
+            seen.append(options.admission_class)
             return TranscriptionResult(duration=1.0, segments=[], finish_reason="stop", no_speech=True)
 
     rt = Runtime(services=services, engine=Engine(), dispatcher=CeleryDispatcher(services.settings))

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from diarist import jobs
+from diarist.contract.options import TranscribeOptions
 from diarist.models import Job
 from engine_server.client import JobFailure
 from tests.conftest import wav_bytes
@@ -29,8 +30,7 @@ class SilentEngine:
         self.started = threading.Event()
         self.stopped_at: float | None = None
 
-    def transcribe(self, audio, options, on_event=None, cancel: CancelToken | None = None,
-                   admission_class: str = "default") -> dict:
+    def transcribe(self, audio, options, on_event=None, cancel: CancelToken | None = None) -> dict:
         done = threading.Event()
         cancel.add_callback(done.set)
         self.started.set()
@@ -99,7 +99,7 @@ def test_engine_request_carries_options_in_a_header_not_the_url(tmp_path):
     audio = tmp_path / "a.wav"
     audio.write_bytes(wav_bytes(0.5))
     with stand_in_engine(lambda: result) as (url, requests), job_context("job_" + "0" * 32):
-        out = HttpEngineClient(url).transcribe(audio, {"prompt": "Quuxwidget Ünïcode", "num_speakers": 2})
+        out = HttpEngineClient(url).transcribe(audio, TranscribeOptions(prompt="Quuxwidget Ünïcode", num_speakers=2))
     seen = requests[0]
     assert out.segments == [] and out.pipeline_metrics["worker_decode_s"] >= 0
     assert seen["path"] == "/internal/transcribe"

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from diarist.models import Job
 from diarist.outages import Dependency
@@ -25,9 +26,8 @@ class Fake:
     def __init__(self, name: str, fail: JobFailure | None = None) -> None:
         self.engine_id, self.url, self.fail, self.calls = name, f"http://{name}", fail, []
 
-    def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"
-                   ) -> TranscriptionResult:
-        self.calls.append((options, admission_class))
+    def transcribe(self, audio, options, on_event=None, cancel=None) -> TranscriptionResult:
+        self.calls.append(options)
         if self.fail is not None:
             raise self.fail
         return replace(typed_result(), engine_id=self.engine_id)
@@ -52,7 +52,7 @@ def test_the_own_engine_serves_while_it_answers(tmp_path):
     a, b = Fake("a"), Fake("b")
     pool = EnginePool([a, b])
     for _ in range(3):
-        assert pool.transcribe(tmp_path, {"language": "en"}, admission_class="long").engine_id == "a"
+        assert pool.transcribe(tmp_path, TranscribeOptions(language="en", admission_class="long")).engine_id == "a"
     assert len(a.calls) == 3 and b.calls == []
     assert (pool.engine_id, pool.url, pool.ready()) == ("a", "http://a", True)
 
@@ -61,12 +61,13 @@ def test_a_down_engine_fails_over_with_the_same_request_and_is_tried_last_for_th
     clock = Clock()
     a, b = Fake("a", fail=down()), Fake("b")
     pool = EnginePool([a, b], down_hold_s=5.0, clock=clock)
-    out = pool.transcribe(tmp_path, {"language": "en"}, admission_class="long")
+    out = pool.transcribe(tmp_path, TranscribeOptions(language="en", admission_class="long"))
     assert out.engine_id == "b"
     # the same attempt, unchanged: the duration class keeps its own admission on the other engine
-    assert a.calls == [({"language": "en"}, "long")] and b.calls == [({"language": "en"}, "long")]
+    want = TranscribeOptions(language="en", admission_class="long")
+    assert a.calls == [want] and b.calls == [want]
     assert pool.order() == [1, 0]
-    pool.transcribe(tmp_path, {}, admission_class="short")
+    pool.transcribe(tmp_path, TranscribeOptions(admission_class="short"))
     assert len(a.calls) == 1 and len(b.calls) == 2  # held down: not asked again within the hold
     a.fail = None  # the engine is back; after the hold it is the first choice again
     clock.t += 5.0
@@ -79,7 +80,7 @@ def test_the_jobs_of_a_dead_engine_spread_over_the_live_ones_by_requests_in_flig
     pool = EnginePool([a, b, c])
     gate, started = threading.Event(), threading.Event()
 
-    def slow(audio, options, on_event=None, cancel=None, admission_class="default"):
+    def slow(audio, options, on_event=None, cancel=None):
         started.set()
         gate.wait(10)
         return replace(typed_result(), engine_id="b")
@@ -116,7 +117,7 @@ def test_a_dropped_request_does_not_clear_a_refusal(tmp_path):
     inside, gate = threading.Event(), threading.Event()
 
     class Dying(Fake):
-        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+        def transcribe(self, audio, options, on_event=None, cancel=None):
             if not inside.is_set():  # the request running when the engine dies
                 inside.set()
                 gate.wait(10)

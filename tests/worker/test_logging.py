@@ -19,7 +19,7 @@ class Engine:
     def __init__(self, exc: Exception) -> None:
         self.exc = exc
 
-    def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default") -> dict:
+    def transcribe(self, audio, options, on_event=None, cancel=None) -> dict:
         logging.getLogger("diarist.test.engine").info("transcribing")
         raise self.exc
 

@@ -37,6 +37,15 @@ def test_final_jobs_are_never_reprocessed(rt, make_job, status):
     assert row(rt.services, job_id).status == status and row(rt.services, job_id).attempts == 0
 
 
+def test_stored_options_the_contract_refuses_fail_the_job_before_any_engine_call(rt, make_job):
+    rt.services.store.put_file("jobs/a/audio", io.BytesIO(wav_bytes()))
+    job_id = make_job(audio_key="jobs/a/audio", options={"num_speakers": "two"})
+    out = process_job(rt, job_id)  # the engine client points at a closed port: a call would be an outage
+    job = row(rt.services, job_id)
+    assert (out.state, job.status, job.error_code) == ("failed", "failed", "invalid_request")
+    assert "num_speakers must be an integer" in job.error_message
+
+
 def test_unknown_job_is_skipped(rt):
     assert process_job(rt, "job_gone").state == "skipped"
 
@@ -62,7 +71,7 @@ def test_engine_dropping_the_request_spends_attempts_then_fails_with_engine_erro
     class DroppingEngine:
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+        def transcribe(self, audio, options, on_event=None, cancel=None):
             raise JobFailure("engine_error", "engine server dropped the request", retryable=True)
 
     rt.engine = DroppingEngine()
@@ -113,7 +122,7 @@ def test_a_job_canceled_mid_run_is_skipped_not_failed(rt, make_job):
     class CancelingEngine:  # the job is canceled while the engine streams; the client then gives up
         engine_id = "fake"
 
-        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+        def transcribe(self, audio, options, on_event=None, cancel=None):
             assert jobs.cancel(rt.services, job_id)
             on_event("segment", {"start": 0.0, "end": 0.5, "text": "hello"})  # the progress write sees it
             assert cancel.is_set()
