@@ -169,25 +169,34 @@ def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=N
     there the nearest centroid of the unassigned speakers takes it (pyannote keeps those frames too)."""
     clustered = np.zeros(act.shape[:2] + (n_spk,), np.float32)
     spare = np.zeros_like(clustered)
-    for i, ((c, k), g) in enumerate(zip(items, assigned, strict=True)):
-        if g >= 0:
-            clustered[c, :, g] = np.maximum(clustered[c, :, g], act[c, :, k])
-        elif nearest is not None:
-            spare[c, :, nearest[i]] = np.maximum(spare[c, :, nearest[i]], act[c, :, k])
+    if items:
+        c, k = np.asarray(items, np.int64).T
+        assigned = np.asarray(assigned, np.int64)
+        own = assigned >= 0
+        # max over the local speakers mapped to one (chunk, global speaker): np.maximum.at does it unbuffered
+        np.maximum.at(clustered.transpose(0, 2, 1), (c[own], assigned[own]), act[c[own], :, k[own]])
+        if nearest is not None:
+            near = np.asarray(nearest, np.int64)[~own]
+            np.maximum.at(spare.transpose(0, 2, 1), (c[~own], near), act[c[~own], :, k[~own]])
     score, _ = aggregate(offsets, clustered, num)
     spare_score, _ = aggregate(offsets, spare, num)
     count, _ = aggregate(offsets, act.sum(-1), num)
     count = np.rint(count).astype(int) * in_speech
-    active = np.zeros((num, n_spk), bool)
-    order = np.argsort(-score, axis=1, kind="stable")
-    for j in np.flatnonzero(count):
-        top = order[j, : count[j]]
-        top = top[score[j, top] > 0]
-        if top.size == 0 and spare_score[j].max() > 0:
-            top = np.argsort(-spare_score[j], kind="stable")[: count[j]]
-            top = top[spare_score[j, top] > 0]
-        active[j, top] = True
+    # each frame takes its ``count`` best-scored speakers among those scored above 0 (stable order on ties);
+    # a frame none of whose speakers scores takes the best of the unassigned speakers' nearest centroids
+    active = _top(score, count)
+    fallback = (count > 0) & ~(score > 0).any(1) & (spare_score.max(1, initial=0.0) > 0)
+    active[fallback] = _top(spare_score[fallback], count[fallback])
     return active
+
+
+def _top(score: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """bool ``[frames, n]``: per frame, the ``count`` highest of ``score`` (ties: lower index first) that
+    are above 0."""
+    order = np.argsort(-score, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.arange(score.shape[1])[None, :].repeat(len(score), 0), axis=1)
+    return (rank < count[:, None]) & (score > 0)
 
 
 def _fill_silent_regions(active, speech, num):
@@ -224,7 +233,7 @@ def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
 def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
             threshold: float | None = None, device: str = "cpu",
-            should_cancel: ShouldCancel = None) -> list[Turn]:
+            should_cancel: ShouldCancel = None, stage=None) -> list[Turn]:
     """Who speaks when, within the given speech regions.
 
     Args:
@@ -238,6 +247,9 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
         device: where segmentation and the default embedder run (``"cpu"`` or the engine's CUDA device).
         should_cancel: polled between the stages and inside segmentation and embedding (CAM++ path).
+        stage: a ``stage.SpeakerStage``: segmentation-3.0 and CAM++ run there, in batches shared with other
+            recordings (the same results up to float order); ``None`` runs them per recording on ``device``
+            (the reference path).
     Returns:
         Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
         appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
@@ -253,11 +265,12 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
     if not speech:
         return []
     check(should_cancel)
-    embedder = embedder or default_embedder(device)
+    embedder = embedder or (stage.embedder if stage is not None else default_embedder(device))
     try:
         if embedder.name != "campplus":
             raise LookupError(embedder.name)
-        offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
+        offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel,
+                                        segmenter=None if stage is None else stage.segment)
     except (FileNotFoundError, LookupError):
         from transcription.diarization.windows import diarize_windows
 
