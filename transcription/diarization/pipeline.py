@@ -81,38 +81,63 @@ def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
     return mask
 
 
-def _frame_masks(act_ck: np.ndarray, window: tuple[float, float], chunk_start: float) -> np.ndarray:
-    """Segmentation frames of one local speaker -> bool mask over the 10 ms fbank frames of ``window``."""
-    n = round((window[1] - window[0]) * 100)
-    t = window[0] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
-    f = np.clip(np.round((t - chunk_start) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP).astype(int), 0,
-                len(act_ck) - 1)
-    return act_ck[f]
+def _frame_masks(use: np.ndarray, windows: np.ndarray, chunk_starts: np.ndarray) -> list[np.ndarray]:
+    """Segmentation frames of local speakers -> bool masks over the 10 ms fbank frames of their windows.
+
+    Args:
+        use: bool ``[n, F]`` frames of each local speaker; windows: float ``[n, 2]`` seconds;
+        chunk_starts: float ``[n]`` start of each speaker's chunk (seconds, negative in the padding).
+    Returns:
+        ``n`` bool arrays of ``round(100 * (end - start))`` frames each.
+    """
+    sizes = np.array([round((e - s) * 100) for s, e in windows.tolist()], np.int64)
+    out: list[np.ndarray] = [np.zeros(0, bool)] * len(use)
+    for n in np.unique(sizes):  # windows of one length (all but the first and last chunks') at once
+        rows = np.flatnonzero(sizes == n)
+        t = windows[rows, :1] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
+        f = np.clip(np.round((t - chunk_starts[rows, None]) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP)
+                    .astype(int), 0, use.shape[1] - 1)
+        masks = np.take_along_axis(use[rows], f, axis=1)
+        for r, m in zip(rows.tolist(), masks, strict=True):
+            out[r] = m
+    return out
+
+
+class SoloFrames:
+    """The global frames where each embedded local speaker talks alone: item ``i``'s are
+    ``offsets[i] + flatnonzero(clean[i])`` (``offsets`` int ``[n]``, ``clean`` bool ``[n, F]``)."""
+
+    def __init__(self, offsets: np.ndarray, clean: np.ndarray) -> None:
+        self.offsets, self.clean = offsets, clean
+
+    def count(self, rows: np.ndarray) -> int:
+        """Distinct global frames where any of the items ``rows`` talks alone (each frame counted once)."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return 0
+        frames = (self.offsets[rows, None] + np.arange(self.clean.shape[1]))[self.clean[rows]]
+        return int(np.unique(frames).size)
 
 
 def _embed_local_speakers(wave, offsets, act, embedder, should_cancel: ShouldCancel = None):
     """Embeddings of the local speakers that talk long enough: ``(items [(c, k)], clean_s [n], solo frames
-    [n] (global frame indices), emb [n, d])``."""
+    (:class:`SoloFrames`), emb [n, d])``, items in chunk order, then local speaker order."""
     duration = wave.size / SAMPLE_RATE
-    solo = act.sum(-1, keepdims=True) == 1
-    items, clean_s, solo_frames, windows, masks = [], [], [], [], []
-    for c, o in enumerate(offsets):
-        start = o * DT  # negative for the first chunk: it starts in the silence padding
-        window = (max(0.0, start), min(duration, start + CHUNK_S))
-        for k in range(act.shape[2]):
-            active = act[c, :, k] > 0
-            if active.sum() * DT < MIN_ACTIVE_S:
-                continue
-            clean = active & solo[c, :, 0]
-            use = clean if clean.sum() * DT >= MIN_CLEAN_S else active
-            items.append((c, k))
-            clean_s.append(clean.sum() * DT)
-            solo_frames.append(set((o + np.flatnonzero(clean)).tolist()))
-            windows.append(window)
-            masks.append(_frame_masks(use, window, start))
+    active = act > 0  # [C, F, K]
+    clean = active & (act.sum(-1, keepdims=True) == 1)
+    c, k = np.nonzero(active.sum(1) * DT >= MIN_ACTIVE_S)
+    n_clean = clean.sum(1)[c, k]
+    clean_s = n_clean * DT
+    use = np.where((n_clean * DT >= MIN_CLEAN_S)[:, None], clean[c, :, k], active[c, :, k])
+    start = offsets[c] * DT  # negative for the first chunk: it starts in the silence padding
+    windows = np.stack([np.maximum(0.0, start), np.minimum(duration, start + CHUNK_S)], axis=1)
+    items = list(zip(c.tolist(), k.tolist(), strict=True))
+    solo_frames = SoloFrames(np.asarray(offsets)[c], clean[c, :, k])
     if not items:
-        return items, np.zeros(0), [], np.zeros((0, 1), np.float32)
-    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks, should_cancel=should_cancel)
+        return items, np.zeros(0), solo_frames, np.zeros((0, 1), np.float32)
+    masks = _frame_masks(use, windows, start)
+    emb = embedder.embed(wave, [tuple(w) for w in windows.tolist()], masks, should_cancel=should_cancel)
+    return items, clean_s, solo_frames, emb
 
 
 def implied_speakers(items: list[tuple[int, int]], clean_s: np.ndarray) -> int:
@@ -146,7 +171,7 @@ def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, m
         train = np.arange(len(emb))
 
     def mass(rows: np.ndarray) -> float:
-        return len(set().union(*(solo_frames[i] for i in train[rows]))) * DT
+        return solo_frames.count(train[rows]) * DT
 
     labels = cluster_embeddings(emb[train], threshold, num_speakers, min_speakers, max_speakers,
                                 min_cluster_s=MIN_CLUSTER_S, mass=mass)
@@ -195,7 +220,7 @@ def _top(score: np.ndarray, count: np.ndarray) -> np.ndarray:
     are above 0."""
     order = np.argsort(-score, axis=1, kind="stable")
     rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(score.shape[1])[None, :].repeat(len(score), 0), axis=1)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(score.shape[1]), score.shape), axis=1)
     return (rank < count[:, None]) & (score > 0)
 
 
