@@ -101,7 +101,8 @@ class _Graphs:
                 self.fn(*static)  # warm-up: cuDNN / cuBLAS pick their algorithms outside the capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                # thread_local: the engine's threads keep launching and allocating while this one captures
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
                     out = self.fn(*static)
                 self.graphs[key] = (graph, static, out)
             except Exception as e:  # noqa: BLE001 - eager from now on for this shape, loudly
@@ -156,6 +157,8 @@ class SpeakerStage:
         self.embed_batch = embed_batch or (64 if cuda else 16)
         self.pad_batches = cuda  # fixed batch shapes pay only where kernels are launched per shape
         self.segmenter = seg.load_segmentation(device)
+        if cuda:
+            self.segmenter.lstm.flatten_parameters()  # one cuDNN weight buffer, not a copy per forward
         self.campplus = CamPlusPlusEmbedder(device).model
         self.embedder = StageEmbedder(self)
         self.stream = torch.cuda.Stream(torch.device(device), priority=0) if cuda else None
@@ -244,9 +247,8 @@ class SpeakerStage:
 
     def _upload(self, wave: np.ndarray, before: int = 0, after: int = 0) -> torch.Tensor:
         """float32 ``[before + n + after]`` on the device, zeros around the samples."""
-        x = torch.from_numpy(wave)
-        if self.device.startswith("cuda"):
-            x = x.pin_memory().to(self.device, non_blocking=True)
+        # a plain (pageable) copy: pinning first costs more than it saves for one copy of a long recording
+        x = torch.from_numpy(wave).to(self.device)
         return torch.nn.functional.pad(x, (before, after))
 
     # segmentation
