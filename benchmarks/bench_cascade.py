@@ -175,6 +175,9 @@ def main() -> None:
     ap.add_argument("--long-min", type=float, default=90.0)
     ap.add_argument("--no-long-baseline", action="store_true", help="skip the baseline on the long recording")
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--segment-batch", type=int, default=None, help="stage: chunks per PyanNet batch")
+    ap.add_argument("--head-batch", type=int, default=None, help="stage: groups per CAM++ front-end batch")
+    ap.add_argument("--embed-batch", type=int, default=None, help="stage: windows per x-vector batch")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke: 10 s of two clips, 2 in flight, 1 minute")
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default="")
@@ -195,8 +198,10 @@ def main() -> None:
     res: dict = {"command": " ".join(sys.argv), "commit": args.commit, "device": dev,
                  "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
                  "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "speech_detection_used": vad_name}
-    stage = SpeakerStage(dev)
-    graphed = SpeakerStage(dev, graphs=True) if cuda and not args.no_graphs else None
+    sizes = {"segment_batch": args.segment_batch, "head_batch": args.head_batch, "embed_batch": args.embed_batch}
+    stage = SpeakerStage(dev, **sizes)
+    graphed = SpeakerStage(dev, graphs=True, **sizes) if cuda and not args.no_graphs else None
+    res["stage_batches"] = {k: getattr(stage, k) for k in sizes}
 
     # agreement: the stage against the per-recording path, on the device and on the CPU
     speech = {k: vad(w) for k, w in waves.items()}

@@ -135,3 +135,27 @@ def test_an_error_reaches_every_caller_of_the_round_and_the_stage_survives(stage
         stage.embed(phone, [(0.0, 2.0)])
     monkeypatch.undo()
     assert stage.embed(phone, [(0.0, 2.0)]).shape == (1, 192)
+
+
+def test_the_whisper_pipeline_with_the_stage_gives_the_reference_transcript(whisper_engine, stage):
+    """The wiring the engine process uses on CUDA (``speaker_stage`` on the pipeline instance), here with a
+    CPU stage: the VAD's segmentation pass and diarize go through the stage, and the turns and speakers are
+    those of the per-recording path."""
+    from transcription.transcriber import TranscribeOptions, Transcriber
+
+    tr = Transcriber(whisper_engine)
+    assert tr.pipeline.speaker_stage is None  # the CPU default: the reference path
+    ref = tr.transcribe(data_file(PHONE), TranscribeOptions(diarize=True))
+    tr.pipeline.speaker_stage = stage
+    seg._cache.clear()
+    before = stage.counters["chunks"]
+    got = tr.transcribe(data_file(PHONE), TranscribeOptions(diarize=True))
+    assert stage.counters["chunks"] > before  # the stage ran the segmentation
+    assert [s.speaker for s in got.segments] == [s.speaker for s in ref.segments]
+    assert frame_agreement(_turns(ref.turns), _turns(got.turns), got.duration) >= 0.99
+
+
+def _turns(rows):
+    from transcription.diarization import Turn
+
+    return [Turn(t["start"], t["end"], t["speaker"]) for t in rows]
