@@ -353,11 +353,11 @@ class SpeakerStage:
             sel = order[k : k + self.embed_batch]
             rows = self.embed_batch if self.pad_batches else len(sel)
             t = int(math.ceil(lengths[sel].max() / FRAME_BUCKET) * FRAME_BUCKET)
+            lens = np.full(rows, 2, np.int64)  # filler rows: two frames of row 0 (masked rows, never read)
+            lens[: len(sel)] = lengths[sel]
             gather = np.zeros((rows, t), np.int64)
-            lens = np.full(rows, 2, np.int64)
-            for r, w in enumerate(sel):
-                gather[r, : lengths[w]] = idx[w]
-                lens[r] = lengths[w]
+            at = np.arange(t)[None, :] < lens[: len(sel), None]
+            gather[: len(sel)][at] = np.concatenate([idx[w] for w in sel])  # row-major: row by row
             g = torch.from_numpy(gather).to(self.device)
             x = flat[g].transpose(1, 2)  # [rows, 320, t]; columns beyond a row's length are masked
             emb = self._xvec_fn(x.contiguous(), torch.from_numpy(lens).to(self.device))
