@@ -86,8 +86,10 @@ def speech_detector(device: str):
     """``(name, fn(wave, segmenter) -> regions)``: Silero + segmentation-3.0 when silero-vad is installed,
     else segmentation-3.0's regions alone."""
     try:
-        import silero_vad  # noqa: F401
+        threads = torch.get_num_threads()
+        import silero_vad  # noqa: F401  (its first import sets torch's threads to 1 for the process)
 
+        torch.set_num_threads(threads)
         from transcription.audio.vad import detect_speech
 
         return "silero+segmentation-3.0", lambda w, segmenter=None: detect_speech(w, device=device,
