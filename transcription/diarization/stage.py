@@ -31,6 +31,7 @@ once and replayed; a shape whose capture fails runs eagerly from then on (logged
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -243,7 +244,7 @@ class SpeakerStage:
                 j.done.set()
 
     def _on_stream(self):
-        return torch.cuda.stream(self.stream) if self.stream is not None else _null()
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def _upload(self, wave: np.ndarray, before: int = 0, after: int = 0) -> torch.Tensor:
         """float32 ``[before + n + after]`` on the device, zeros around the samples."""
@@ -365,14 +366,6 @@ class SpeakerStage:
             self.counters["windows"] += len(sel)
             out.append((emb[: len(sel)].float(), [owners[w] for w in sel]))
         return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 _stages: dict[str, SpeakerStage] = {}
