@@ -25,6 +25,7 @@ import importlib.util
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -241,18 +242,27 @@ _cache_lock = threading.Lock()
 CACHE_ENTRIES = 2
 
 
+Segmenter = Callable[..., tuple[np.ndarray, np.ndarray]]
+"""Something that segments like :func:`segment`: ``(wave, step_s, should_cancel=...) -> (offsets, probs)``
+(the batched speaker stage's ``SpeakerStage.segment``)."""
+
+
 def segment_cached(wave: np.ndarray, step_s: float = STEP_S, device: str = "cpu",
-                   should_cancel: ShouldCancel = None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`segment` on ``device``, remembered for the last ``CACHE_ENTRIES`` recordings (keyed by a hash
-    of the samples): speech detection and diarization of one recording share one pass of the model. A
-    canceled pass (:class:`Canceled`) is not remembered."""
+                   should_cancel: ShouldCancel = None, segmenter: Segmenter | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`segment` on ``device`` (or ``segmenter``, when given), remembered for the last
+    ``CACHE_ENTRIES`` recordings (keyed by a hash of the samples): speech detection and diarization of one
+    recording share one pass of the model. A canceled pass (:class:`Canceled`) is not remembered."""
     wave = np.ascontiguousarray(wave, dtype=np.float32).reshape(-1)
     key = (hashlib.blake2b(memoryview(wave), digest_size=16).digest(), wave.size, float(step_s))  # no copy
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    result = segment(wave, step_s, device=device, should_cancel=should_cancel)
+    if segmenter is not None:
+        result = segmenter(wave, step_s, should_cancel=should_cancel)
+    else:
+        result = segment(wave, step_s, device=device, should_cancel=should_cancel)
     with _cache_lock:
         _cache[key] = result
         while len(_cache) > CACHE_ENTRIES:

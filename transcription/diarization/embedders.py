@@ -29,6 +29,38 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def overlap_groups(windows: list[tuple[float, float]], group_s: float) -> list[list[int]]:
+    """Indices of ``windows`` (``(start, end)`` seconds) in groups of overlapping windows, by start, each
+    group spanning at most ``group_s`` seconds (a window longer than that is a group of its own): CAM++'s
+    front end and fbank mean run once per group."""
+    order = sorted(range(len(windows)), key=lambda i: windows[i][0])
+    groups: list[list[int]] = []
+    lo = hi = -1.0
+    for i in order:
+        s, e = windows[i]
+        if groups and s <= hi and e - lo <= group_s:
+            groups[-1].append(i)
+            hi = max(hi, e)
+        else:
+            groups.append([i])
+            lo, hi = s, e
+    return groups
+
+
+def window_columns(window: tuple[float, float], group_start: float, group_frames: int,
+                   mask: np.ndarray | None) -> np.ndarray:
+    """int64 front-end columns (10 ms frames of the group's fbank) that feed one window's x-vector: the
+    window's frames (two fewer than its length in 10 ms, for the 25 ms analysis window; at least 2),
+    restricted to ``mask`` when it keeps at least 2 of them."""
+    off = round((window[0] - group_start) * 100)
+    n = max(2, min(round((window[1] - window[0]) * 100) - 2, group_frames - off))
+    if mask is not None:
+        keep = np.flatnonzero(np.asarray(mask, bool)[:n])
+        if keep.size >= 2:
+            return off + keep
+    return off + np.arange(n)
+
+
 class CamPlusPlusEmbedder:
     """CAM++ embeddings of windows.
 
@@ -48,20 +80,6 @@ class CamPlusPlusEmbedder:
         self.device = device
         self.batch = batch
         self._lock = threading.Lock()
-
-    def _groups(self, windows: list[tuple[float, float]]) -> list[list[int]]:
-        order = sorted(range(len(windows)), key=lambda i: windows[i][0])
-        groups: list[list[int]] = []
-        lo = hi = -1.0
-        for i in order:
-            s, e = windows[i]
-            if groups and s <= hi and e - lo <= self.GROUP_S:
-                groups[-1].append(i)
-                hi = max(hi, e)
-            else:
-                groups.append([i])
-                lo, hi = s, e
-        return groups
 
     @torch.inference_mode()
     def embed(self, wave: np.ndarray, windows: list[tuple[float, float]],
@@ -84,7 +102,7 @@ class CamPlusPlusEmbedder:
 
         out = np.zeros((len(windows), self.dim), np.float32)
         with self._lock, one_thread(), cascade_stream(str(self.device)):
-            for group in self._groups(windows):
+            for group in overlap_groups(windows, self.GROUP_S):
                 check(should_cancel)
                 g0 = min(windows[i][0] for i in group)
                 g1 = max(windows[i][1] for i in group)
@@ -92,12 +110,8 @@ class CamPlusPlusEmbedder:
                 front = self.model.head(feats.T.unsqueeze(0))[0]  # [320, T], 10 ms frames
                 by_len: dict[int, list[tuple[int, torch.Tensor]]] = {}
                 for i in group:
-                    off = round((windows[i][0] - g0) * 100)
-                    n = max(2, min(round((windows[i][1] - windows[i][0]) * 100) - 2, front.shape[1] - off))
-                    x = front[:, off : off + n]
-                    if masks is not None:
-                        keep = np.flatnonzero(np.asarray(masks[i], bool)[:n])
-                        x = x[:, torch.from_numpy(keep if keep.size >= 2 else np.arange(n))]
+                    cols = window_columns(windows[i], g0, front.shape[1], None if masks is None else masks[i])
+                    x = front[:, torch.from_numpy(cols)]
                     by_len.setdefault(x.shape[1], []).append((i, x))
                 for items in by_len.values():
                     for k in range(0, len(items), self.batch):

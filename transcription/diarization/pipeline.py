@@ -81,38 +81,63 @@ def _speech_mask(speech: list[tuple[float, float]], num: int) -> np.ndarray:
     return mask
 
 
-def _frame_masks(act_ck: np.ndarray, window: tuple[float, float], chunk_start: float) -> np.ndarray:
-    """Segmentation frames of one local speaker -> bool mask over the 10 ms fbank frames of ``window``."""
-    n = round((window[1] - window[0]) * 100)
-    t = window[0] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
-    f = np.clip(np.round((t - chunk_start) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP).astype(int), 0,
-                len(act_ck) - 1)
-    return act_ck[f]
+def _frame_masks(use: np.ndarray, windows: np.ndarray, chunk_starts: np.ndarray) -> list[np.ndarray]:
+    """Segmentation frames of local speakers -> bool masks over the 10 ms fbank frames of their windows.
+
+    Args:
+        use: bool ``[n, F]`` frames of each local speaker; windows: float ``[n, 2]`` seconds;
+        chunk_starts: float ``[n]`` start of each speaker's chunk (seconds, negative in the padding).
+    Returns:
+        ``n`` bool arrays of ``round(100 * (end - start))`` frames each.
+    """
+    sizes = np.array([round((e - s) * 100) for s, e in windows.tolist()], np.int64)
+    out: list[np.ndarray] = [np.zeros(0, bool)] * len(use)
+    for n in np.unique(sizes):  # windows of one length (all but the first and last chunks') at once
+        rows = np.flatnonzero(sizes == n)
+        t = windows[rows, :1] + np.arange(n) * 0.01 + 0.0125  # centre of each 25 ms fbank frame
+        f = np.clip(np.round((t - chunk_starts[rows, None]) * SAMPLE_RATE / FRAME_STEP - 495 / FRAME_STEP)
+                    .astype(int), 0, use.shape[1] - 1)
+        masks = np.take_along_axis(use[rows], f, axis=1)
+        for r, m in zip(rows.tolist(), masks, strict=True):
+            out[r] = m
+    return out
+
+
+class SoloFrames:
+    """The global frames where each embedded local speaker talks alone: item ``i``'s are
+    ``offsets[i] + flatnonzero(clean[i])`` (``offsets`` int ``[n]``, ``clean`` bool ``[n, F]``)."""
+
+    def __init__(self, offsets: np.ndarray, clean: np.ndarray) -> None:
+        self.offsets, self.clean = offsets, clean
+
+    def count(self, rows: np.ndarray) -> int:
+        """Distinct global frames where any of the items ``rows`` talks alone (each frame counted once)."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size == 0:
+            return 0
+        frames = (self.offsets[rows, None] + np.arange(self.clean.shape[1]))[self.clean[rows]]
+        return int(np.unique(frames).size)
 
 
 def _embed_local_speakers(wave, offsets, act, embedder, should_cancel: ShouldCancel = None):
     """Embeddings of the local speakers that talk long enough: ``(items [(c, k)], clean_s [n], solo frames
-    [n] (global frame indices), emb [n, d])``."""
+    (:class:`SoloFrames`), emb [n, d])``, items in chunk order, then local speaker order."""
     duration = wave.size / SAMPLE_RATE
-    solo = act.sum(-1, keepdims=True) == 1
-    items, clean_s, solo_frames, windows, masks = [], [], [], [], []
-    for c, o in enumerate(offsets):
-        start = o * DT  # negative for the first chunk: it starts in the silence padding
-        window = (max(0.0, start), min(duration, start + CHUNK_S))
-        for k in range(act.shape[2]):
-            active = act[c, :, k] > 0
-            if active.sum() * DT < MIN_ACTIVE_S:
-                continue
-            clean = active & solo[c, :, 0]
-            use = clean if clean.sum() * DT >= MIN_CLEAN_S else active
-            items.append((c, k))
-            clean_s.append(clean.sum() * DT)
-            solo_frames.append(set((o + np.flatnonzero(clean)).tolist()))
-            windows.append(window)
-            masks.append(_frame_masks(use, window, start))
+    active = act > 0  # [C, F, K]
+    clean = active & (act.sum(-1, keepdims=True) == 1)
+    c, k = np.nonzero(active.sum(1) * DT >= MIN_ACTIVE_S)
+    n_clean = clean.sum(1)[c, k]
+    clean_s = n_clean * DT
+    use = np.where((n_clean * DT >= MIN_CLEAN_S)[:, None], clean[c, :, k], active[c, :, k])
+    start = offsets[c] * DT  # negative for the first chunk: it starts in the silence padding
+    windows = np.stack([np.maximum(0.0, start), np.minimum(duration, start + CHUNK_S)], axis=1)
+    items = list(zip(c.tolist(), k.tolist(), strict=True))
+    solo_frames = SoloFrames(np.asarray(offsets)[c], clean[c, :, k])
     if not items:
-        return items, np.zeros(0), [], np.zeros((0, 1), np.float32)
-    return items, np.array(clean_s), solo_frames, embedder.embed(wave, windows, masks, should_cancel=should_cancel)
+        return items, np.zeros(0), solo_frames, np.zeros((0, 1), np.float32)
+    masks = _frame_masks(use, windows, start)
+    emb = embedder.embed(wave, [tuple(w) for w in windows.tolist()], masks, should_cancel=should_cancel)
+    return items, clean_s, solo_frames, emb
 
 
 def implied_speakers(items: list[tuple[int, int]], clean_s: np.ndarray) -> int:
@@ -146,7 +171,7 @@ def _cluster(emb, clean_s, solo_frames, threshold, num_speakers, min_speakers, m
         train = np.arange(len(emb))
 
     def mass(rows: np.ndarray) -> float:
-        return len(set().union(*(solo_frames[i] for i in train[rows]))) * DT
+        return solo_frames.count(train[rows]) * DT
 
     labels = cluster_embeddings(emb[train], threshold, num_speakers, min_speakers, max_speakers,
                                 min_cluster_s=MIN_CLUSTER_S, mass=mass)
@@ -169,25 +194,34 @@ def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=N
     there the nearest centroid of the unassigned speakers takes it (pyannote keeps those frames too)."""
     clustered = np.zeros(act.shape[:2] + (n_spk,), np.float32)
     spare = np.zeros_like(clustered)
-    for i, ((c, k), g) in enumerate(zip(items, assigned, strict=True)):
-        if g >= 0:
-            clustered[c, :, g] = np.maximum(clustered[c, :, g], act[c, :, k])
-        elif nearest is not None:
-            spare[c, :, nearest[i]] = np.maximum(spare[c, :, nearest[i]], act[c, :, k])
+    if items:
+        c, k = np.asarray(items, np.int64).T
+        assigned = np.asarray(assigned, np.int64)
+        own = assigned >= 0
+        # max over the local speakers mapped to one (chunk, global speaker): np.maximum.at does it unbuffered
+        np.maximum.at(clustered.transpose(0, 2, 1), (c[own], assigned[own]), act[c[own], :, k[own]])
+        if nearest is not None:
+            near = np.asarray(nearest, np.int64)[~own]
+            np.maximum.at(spare.transpose(0, 2, 1), (c[~own], near), act[c[~own], :, k[~own]])
     score, _ = aggregate(offsets, clustered, num)
     spare_score, _ = aggregate(offsets, spare, num)
     count, _ = aggregate(offsets, act.sum(-1), num)
     count = np.rint(count).astype(int) * in_speech
-    active = np.zeros((num, n_spk), bool)
-    order = np.argsort(-score, axis=1, kind="stable")
-    for j in np.flatnonzero(count):
-        top = order[j, : count[j]]
-        top = top[score[j, top] > 0]
-        if top.size == 0 and spare_score[j].max() > 0:
-            top = np.argsort(-spare_score[j], kind="stable")[: count[j]]
-            top = top[spare_score[j, top] > 0]
-        active[j, top] = True
+    # each frame takes its ``count`` best-scored speakers among those scored above 0 (stable order on ties);
+    # a frame none of whose speakers scores takes the best of the unassigned speakers' nearest centroids
+    active = _top(score, count)
+    fallback = (count > 0) & ~(score > 0).any(1) & (spare_score.max(1, initial=0.0) > 0)
+    active[fallback] = _top(spare_score[fallback], count[fallback])
     return active
+
+
+def _top(score: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """bool ``[frames, n]``: per frame, the ``count`` highest of ``score`` (ties: lower index first) that
+    are above 0."""
+    order = np.argsort(-score, axis=1, kind="stable")
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(score.shape[1]), score.shape), axis=1)
+    return (rank < count[:, None]) & (score > 0)
 
 
 def _fill_silent_regions(active, speech, num):
@@ -224,7 +258,7 @@ def _clip(turns: list[Turn], speech: list[tuple[float, float]]) -> list[Turn]:
 def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: int | None = None,
             min_speakers: int | None = None, max_speakers: int | None = None, embedder=None,
             threshold: float | None = None, device: str = "cpu",
-            should_cancel: ShouldCancel = None) -> list[Turn]:
+            should_cancel: ShouldCancel = None, stage=None) -> list[Turn]:
     """Who speaks when, within the given speech regions.
 
     Args:
@@ -238,6 +272,9 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
         threshold: clustering cut (cosine distance); default ``THRESHOLD`` (window pipeline: its own).
         device: where segmentation and the default embedder run (``"cpu"`` or the engine's CUDA device).
         should_cancel: polled between the stages and inside segmentation and embedding (CAM++ path).
+        stage: a ``stage.SpeakerStage``: segmentation-3.0 and CAM++ run there, in batches shared with other
+            recordings (the same results up to float order); ``None`` runs them per recording on ``device``
+            (the reference path).
     Returns:
         Turns sorted by start, inside the speech regions, speakers ``0..k-1`` numbered by first
         appearance; turns of different speakers may overlap. ``[]`` when there is no speech.
@@ -253,11 +290,12 @@ def diarize(wave: np.ndarray, speech: list[tuple[float, float]], num_speakers: i
     if not speech:
         return []
     check(should_cancel)
-    embedder = embedder or default_embedder(device)
+    embedder = embedder or (stage.embedder if stage is not None else default_embedder(device))
     try:
         if embedder.name != "campplus":
             raise LookupError(embedder.name)
-        offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel)
+        offsets, probs = segment_cached(wave, device=device, should_cancel=should_cancel,
+                                        segmenter=None if stage is None else stage.segment)
     except (FileNotFoundError, LookupError):
         from transcription.diarization.windows import diarize_windows
 

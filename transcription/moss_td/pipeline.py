@@ -27,7 +27,7 @@ from transcription.moss_td.resume import resume_after_loops
 from transcription.moss_td.sections import fits, transcribe_sections
 from transcription.moss_td.sequence import build_moss_sequence, clamp_segment, moss_guard, moss_result
 from transcription.progress import EventFn
-from transcription.speech import cascade_device, detect_speech
+from transcription.speech import cascade_device, detect_speech, speaker_stage
 
 
 class LiveSegments:
@@ -179,6 +179,7 @@ class MossTdPipeline:
         self.engine, self.model_name = engine, model_name
         self.fixed_output_tokens = fixed_output_tokens
         self.cascade_device = cascade_device(engine)
+        self.speaker_stage = speaker_stage(self.cascade_device)  # the VAD's segmentation pass, batched on CUDA
 
     def check(self, opts: TranscribeOptions) -> None:
         """Refuse a task other than ``transcribe`` (``Rejected`` ``unsupported_task``)."""
@@ -193,7 +194,8 @@ class MossTdPipeline:
         # (torch and ONNX release the interpreter lock), not after it.
         with ThreadPoolExecutor(1, thread_name_prefix="diarist-vad") as pool:
             t_vad = time.perf_counter()
-            vad = pool.submit(lambda: (detect_speech(audio.mono, self.cascade_device, should_cancel)[0],
+            segmenter = None if self.speaker_stage is None else self.speaker_stage.segment
+            vad = pool.submit(lambda: (detect_speech(audio.mono, self.cascade_device, should_cancel, segmenter)[0],
                                        time.perf_counter() - t_vad))
             result = transcribe_moss(self.engine, audio.mono, opts, on_event, should_cancel,
                                      fixed_output_tokens=self.fixed_output_tokens)

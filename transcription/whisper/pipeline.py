@@ -29,7 +29,7 @@ from transcription.options import window_budget
 from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.result import merge_channels, sequence_metrics, whisper_result
-from transcription.speech import SpeechConfidence, cascade_device, detect_speech
+from transcription.speech import SpeechConfidence, cascade_device, detect_speech, speaker_stage
 from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
 from transcription.whisper.segments import WindowSegments
 from transcription.whisper.window_decoder import WindowDecoder, WindowResult
@@ -49,6 +49,11 @@ class WhisperPipeline:
     """A :class:`transcription.pipeline.FamilyPipeline` for Whisper checkpoints (one per engine; safe to
     call from many threads at once: per-recording state lives in each call).
 
+    ``speaker_stage``: where the VAD's segmentation pass and the speaker cascade's networks run: the
+    device's shared :class:`transcription.diarization.stage.SpeakerStage` on CUDA (recordings of all
+    requests batched together), ``None`` on the CPU (each request runs them itself: the reference path).
+    Set it on the instance to choose.
+
     Its tokens, timestamp rules, alignment heads and languages come from the checkpoint's config
     (``engine.loaded.info["config"]``). ``fixed_output_tokens`` is always ``None`` here (the transcriber
     refuses it for this family: ``takes_fixed_output_tokens``).
@@ -63,6 +68,7 @@ class WhisperPipeline:
     def __init__(self, engine: Engine, model_name: str | None, fixed_output_tokens: int | None = None) -> None:
         self.engine, self.model_name = engine, model_name
         self.cascade_device = cascade_device(engine)
+        self.speaker_stage = speaker_stage(self.cascade_device)
         conf = engine.loaded.info.get("config", {})
         self.tokens = WhisperTokens.from_vocab(engine.model.config.vocab_size)
         self.rules = WhisperTimestampRules(self.tokens, conf.get("suppress_ids", []),
@@ -86,7 +92,8 @@ class WhisperPipeline:
 
     def _speech(self, wave: np.ndarray, should_cancel: Callable[[], bool] | None = None
                 ) -> tuple[list[tuple[float, float]], SpeechConfidence | None]:
-        return detect_speech(wave, self.cascade_device, should_cancel)
+        stage = self.speaker_stage
+        return detect_speech(wave, self.cascade_device, should_cancel, None if stage is None else stage.segment)
 
     def _whisper(self, wave: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
@@ -215,7 +222,7 @@ class WhisperPipeline:
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
                         max_speakers=opts.max_speakers, device=self.cascade_device,
-                        should_cancel=should_cancel)
+                        should_cancel=should_cancel, stage=self.speaker_stage)
         return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
                                                   for t in turns]
 
