@@ -111,8 +111,6 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
         budget = default_budget(duration, rules.max_new_tokens if rules is not None else None)
     else:
         budget = int(max_new_tokens)
-    if rules is not None and rules.max_length is not None:  # HF max_length counts prompt + output tokens
-        left = min(left, rules.max_length - len(p.ids))
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget
     slots = engine.allocator.num_slots

@@ -154,6 +154,49 @@ def test_checkpoint_max_new_tokens_lowers_only_the_short_clip_floor(penalized, r
     assert build_moss_sequence(small, make_audio(6, 1), max_new_tokens=7).max_new_tokens == 7
 
 
+def test_request_budget_wins_over_max_length_as_in_the_official_generate(reference, tmp_path):
+    """HF ``generate`` lets ``max_new_tokens`` win over the config's ``max_length`` (issue 33 item 1)."""
+    path = reference.write_checkpoint(tmp_path / "maxlen", shards=1, marker_every_s=5)
+    (path / "generation_config.json").write_text(json.dumps({"max_length": 97, "eos_token_id": 151645}))
+    eng = engine_for(path, kv_budget_bytes=64 << 20)
+    wave = make_audio(30, 1)
+    seq = _fixed(eng, wave, 48)
+    assert seq.prompt_len > 97 and seq.max_new_tokens == 48
+    eng.generate([seq])
+    assert seq.output_ids == _official_greedy(reference, path, seq.prompt_ids, wave, 48)
+    # without a request budget the default one applies (10 tokens per second), not what max_length leaves
+    assert build_moss_sequence(eng, make_audio(120, 2)).max_new_tokens == 1200
+
+
+def test_generation_config_with_every_default_field_loads(reference, tmp_path):
+    """A config transformers wrote with every field at its default (``use_diff=False``) loads: no-op values
+    are accepted; the budget and the EOS it states apply (issue 33 item 2)."""
+    from transformers import GenerationConfig
+
+    path = reference.write_checkpoint(tmp_path / "full", shards=1, marker_every_s=5)
+    GenerationConfig(max_new_tokens=100, eos_token_id=151645).to_json_file(path / "generation_config.json",
+                                                                           use_diff=False)
+    full = json.loads((path / "generation_config.json").read_text())
+    assert len(full) > 60  # every field, at its default
+    eng = engine_for(path)
+    assert eng.stats()["generation"]["max_new_tokens"] == 100
+    assert build_moss_sequence(eng, make_audio(6, 1)).max_new_tokens == 100
+    # transformers 4.x writes its neutral values, not None
+    v4 = {**full, "max_length": 20, "min_length": 0, "num_beams": 1, "num_beam_groups": 1, "do_sample": False,
+          "temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
+          "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+          "encoder_no_repeat_ngram_size": 0, "renormalize_logits": False, "remove_invalid_values": False,
+          "token_healing": False, "num_return_sequences": 1, "is_assistant": False, "num_assistant_tokens": 20,
+          "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4,
+          "assistant_lookbehind": 10, "target_lookbehind": 10, "return_legacy_cache": True, "use_cache": True,
+          "generation_kwargs": {}, "forced_decoder_ids": None, "constraints": None, "force_words_ids": None}
+    (path / "generation_config.json").write_text(json.dumps(v4))
+    assert build_moss_sequence(engine_for(path), make_audio(6, 1)).max_new_tokens == 100
+    (path / "generation_config.json").write_text(json.dumps({**full, "force_words_ids": [[5]]}))
+    with pytest.raises(CheckpointError, match=r"force_words_ids=\[\[5\]\]"):
+        engine_for(path)
+
+
 @pytest.mark.parametrize(("fields", "named"), [
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
     ({"num_beams": 4}, "num_beams=4"),
