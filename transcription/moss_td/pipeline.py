@@ -202,6 +202,9 @@ class MossTdPipeline:
             except Canceled:  # the VAD stopped between its blocks: the caller wants no result
                 speech = vad_s = None
         result["model"] = self.model_name
+        # what the engine assumed at load (no marker interval stated by the folder) goes with every result
+        result["warnings"] = [*(dict(w) for w in self.engine.loaded.info.get("result_warnings", [])),
+                              *result.get("warnings", [])]
         result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
         result["family"] = self.family
         if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:

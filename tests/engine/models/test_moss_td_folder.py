@@ -49,12 +49,31 @@ def test_missing_processor_config_warns_and_every_record_states_the_interval(bar
     with caplog.at_level(logging.WARNING, logger="diarist.engine"):
         eng = engine_for(bare)
     warned = [r.getMessage() for r in caplog.records if "time_marker_every_seconds" in r.getMessage()]
-    assert len(warned) == 1 and "default of 2 s" in warned[0] and "DIARIST_MOSS_MARKER_INTERVAL_S" in warned[0]
+    assert len(warned) == 1 and "every 2 s (the processor code's default)" in warned[0]
+    assert "DIARIST_MOSS_MARKER_INTERVAL_S" in warned[0]
     st = eng.stats()
     assert st["marker_interval_s"] == 2 and st["marker_interval_source"] == "default"
     res = transcribe_moss(eng, make_audio(6, 1), Opts(), None)
     assert res["marker_interval_s"] == 2
     assert Transcript.from_engine_json({**res, "model": "m"}).marker_interval_s == 2.0
+
+
+def test_an_assumed_marker_interval_is_a_warning_of_every_result(bare, reference, tmp_path):
+    """Not only a load-log line: the result's warnings say the interval was assumed, and which (item 3)."""
+    from transcription.audio import DecodedAudio
+    from transcription.transcriber import TranscribeOptions, Transcriber
+
+    opts = TranscribeOptions(max_new_tokens=4)
+    audio = DecodedAudio(make_audio(6, 1)[None], 16_000, 1, "pcm_f32le", "wav")
+    res = Transcriber(engine_for(bare)).transcribe(audio, opts).to_json()
+    assumed = [w for w in res["warnings"] if w["code"] == "marker_interval_assumed"]
+    assert len(assumed) == 1 and "every 2 s" in assumed[0]["message"]
+    assert "processor_config.json" in assumed[0]["message"]
+    t = Transcript.from_engine_json(res)
+    assert any(w.code == "marker_interval_assumed" for w in t.warnings)
+    five = reference.write_checkpoint(tmp_path / "five", shards=1, marker_every_s=5)
+    stated = Transcriber(engine_for(five)).transcribe(audio, opts).to_json()
+    assert not [w for w in stated["warnings"] if w["code"] == "marker_interval_assumed"]
 
 
 def test_setting_sets_the_interval_and_wins_over_the_folder(reference, tmp_path, caplog):
