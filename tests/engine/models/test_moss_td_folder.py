@@ -297,6 +297,35 @@ def test_chat_template_from_the_folder(reference, tmp_path, where):
     assert build_moss_sequence(engine_for(path), wave, prompt="Transcribe.").prompt_ids == builtin
 
 
+def test_chat_template_sees_the_tokenizers_special_tokens_as_transformers_renders_it(reference, tmp_path):
+    """``eos_token``, ``bos_token``, ... are template variables, as ``apply_chat_template`` passes them
+    (issue 33 item 4): from tokenizer_config.json, overridden by special_tokens_map.json; unset ones undefined."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = reference.write_checkpoint(tmp_path / "special", shards=1, marker_every_s=5)
+    template = (QWEN_STYLE.replace("'<|im_end|>\\n'", "eos_token + '\\n'")
+                .replace("{% for message in messages %}",
+                         "{{ bos_token | default('') }}{% for message in messages %}[{{ pad_token }}]", 1))
+    assert template.count("eos_token") == 2
+    (path / "chat_template.jinja").write_text(template)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "unk_token": None,
+        "eos_token": {"__type": "AddedToken", "content": "<|im_end|>", "lstrip": False, "rstrip": False, "normalized": False,
+                      "single_word": False, "special": True}, "pad_token": "<|im_start|>"}))
+    (path / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|endoftext|>"}))
+    eng = engine_for(path)
+    wave = make_audio(30, 1)
+    seq = build_moss_sequence(eng, wave, prompt="Transcribe.")
+    hf = PreTrainedTokenizerFast.from_pretrained(str(path))
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"},
+                                             {"type": "text", "text": "Transcribe."}]}]
+    rendered = hf.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    assert "<|im_end|>" in rendered and rendered.startswith("[<|endoftext|>]")
+    before, after = (eng.tokenizer.encode(t) for t in rendered.split("<|audio_pad|>"))
+    span = audio_span_ids(seq.mm_state["num_audio_tokens"], 151671, list(range(15, 25)), 5)
+    assert seq.prompt_ids == before + span + after
+
+
 def test_without_a_template_the_built_in_format_is_used(bare):
     assert engine_for(bare).stats()["chat_template"] == "built-in"
 
