@@ -10,7 +10,8 @@ Routes:
   (:class:`engine_server.client.HttpEngineClient`).
 - ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``). A ``model`` this
-  server does not serve is 422 ``unknown_model``, as on the main API.
+  server does not serve is 422 ``unknown_model``, as on the main API; ``temperature`` and
+  ``timestamp_granularities[]`` are honoured or refused as there (``api.routes.openai``).
 - ``GET /health``, ``GET /stats`` (engine gauges and counters).
 
 Bad audio is a 422 with its code (``empty_audio`` for a zero-byte upload, ``decode_failed``, ...); no error
@@ -40,7 +41,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from diarist.contract.errors import CodedError
 from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
-from diarist.contract.options import TranscribeOptions
+from diarist.contract.options import MAX_TEMPERATURE, TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from diarist.http import errors
 from diarist.http.engine_metrics import engine_metrics_router
@@ -179,20 +180,25 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         request: Request, file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = "whisper",
         language: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
         response_format: Annotated[str, Form()] = "json", stream_: Annotated[bool, Form(alias="stream")] = False,
+        temperature: Annotated[float | None, Form(ge=0, le=MAX_TEMPERATURE)] = None,
+        granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
+        granularities_plain: Annotated[list[str] | None, Form(alias="timestamp_granularities")] = None,
     ) -> Response:
-        from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
+        from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai, timestamp_granularities
         from diarist.transcript import Transcript
 
         if model not in served:
             raise unknown_model(model, served)
         if response_format not in OPENAI_FORMATS:
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
+        granularity = timestamp_granularities([*(granularities or []), *(granularities_plain or [])],
+                                              response_format, engine.loaded.info["family"])
         fd, name = tempfile.mkstemp(prefix="diarist-engine-", dir=spool_dir)
         os.close(fd)
         async with await anyio.open_file(name, "wb") as out:
             while chunk := await file.read(CHUNK):
                 await out.write(chunk)
-        opts = TranscribeOptions(language=language, prompt=prompt)
+        opts = TranscribeOptions(language=language, prompt=prompt, temperature=temperature)
         cancel = threading.Event()
         if stream_:
             async def sse() -> AsyncIterator[str]:
@@ -216,7 +222,7 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             watcher.cancel()
             cancel.set()
             Path(name).unlink(missing_ok=True)
-        content, media_type, headers = render_openai(Transcript.from_engine(result), response_format)
+        content, media_type, headers = render_openai(Transcript.from_engine(result), response_format, granularity)
         return Response(content, media_type=media_type, headers=headers)
 
     async def _read_pcm(request: Request, fmt: PcmFormat) -> DecodedAudio:
