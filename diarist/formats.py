@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable
 
 from diarist.decode_windows import DecodeWindow, window_of
-from diarist.transcript import Segment, Transcript
+from diarist.transcript import ResultWarning, Segment, Transcript
 
 UNKNOWN_SPEAKER = "unknown"
 
@@ -212,20 +212,36 @@ def to_verbose_json(t: Transcript, granularities: tuple[str, ...] | None = None)
     return json.dumps(body, ensure_ascii=False)
 
 
+RANDOM_WEIGHTS = "random_weights"
+"""Warning code of a transcript an engine on random weights (``load_format=dummy``) wrote: its text is noise."""
+
+
 def completeness_fields(t: Transcript) -> dict:
     """Our extra fields in OpenAI JSON shapes: ``finish_reason`` (why decoding ended), ``incomplete`` (the
     transcript may miss speech) and ``incomplete_reason``, ``coverage`` (transcribed / detected speech,
-    :mod:`diarist.completeness`), ``warnings`` ([{code, message, count}])."""
+    :mod:`diarist.completeness`), ``warnings`` ([{code, message, count}]; first a :data:`RANDOM_WEIGHTS` one
+    when the engine ran random weights, so an OpenAI client, which knows no ``random_weights`` field, sees it
+    too), and ``random_weights`` when true."""
+    warnings = [w.model_dump() for w in t.warnings]
+    extra = {}
+    if t.random_weights:
+        warnings.insert(0, ResultWarning(code=RANDOM_WEIGHTS, message="the engine runs random weights "
+                                         "(load_format=dummy): this transcript is noise, not the recording's "
+                                         "speech").model_dump())
+        extra["random_weights"] = True
     return {"finish_reason": t.finish_reason, "incomplete": t.incomplete, "incomplete_reason": t.incomplete_reason,
-            "coverage": t.coverage, "warnings": [w.model_dump() for w in t.warnings]}
+            "coverage": t.coverage, "warnings": warnings, **extra}
 
 
 def completeness_headers(t: Transcript) -> dict[str, str]:
     """The same facts as HTTP headers, for shapes that are not JSON: ``X-Diarist-Finish-Reason``,
-    ``X-Diarist-Incomplete`` (``true``/``false``), ``X-Diarist-Coverage`` (absent when unknown)."""
+    ``X-Diarist-Incomplete`` (``true``/``false``), ``X-Diarist-Coverage`` (absent when unknown),
+    ``X-Diarist-Random-Weights: true`` (the engine ran random weights; absent otherwise)."""
     h = {"X-Diarist-Finish-Reason": t.finish_reason, "X-Diarist-Incomplete": "true" if t.incomplete else "false"}
     if t.coverage is not None:
         h["X-Diarist-Coverage"] = f"{t.coverage:.4f}"
+    if t.random_weights:
+        h["X-Diarist-Random-Weights"] = "true"
     return h
 
 

@@ -12,7 +12,11 @@ Routes:
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``). A ``model`` this
   server does not serve is 422 ``unknown_model``, as on the main API; ``temperature`` and
   ``timestamp_granularities[]`` are honoured or refused as there (``api.routes.openai``).
-- ``GET /health``, ``GET /stats`` (engine gauges and counters).
+- ``GET /health``, ``GET /stats`` (engine gauges and counters), ``GET /info`` (what this engine serves:
+  model family, audio frontend, checkpoint name, random weights; :func:`engine_info`). Workers ask it
+  before decoding a job (:class:`engine_server.client.HttpEngineClient`), and samples decoded with another
+  frontend than this engine's are refused (409 ``frontend_mismatch``), so a worker configured for another
+  family can never feed the model audio mixed its way (stereo 1.41x too loud for MOSS-TD).
 
 Bad audio is a 422 with its code (``empty_audio`` for a zero-byte upload, ``decode_failed``, ...); no error
 message names a file of this server (uploads are spooled to temporary files).
@@ -89,6 +93,17 @@ def _public(message: str, source: Path | Any) -> str:
     """``message`` with the path of the request's spooled upload (``source``, when a Path) replaced: a
     client never learns this server's file names."""
     return message.replace(str(source), "<upload>") if isinstance(source, Path) else message
+
+
+def engine_info(engine: Any, engine_id: str) -> dict[str, Any]:
+    """What ``engine`` serves, as ``GET /info`` answers: ``engine_id``, ``family`` (``engine.config.FAMILIES``),
+    ``frontend`` (how uploads must be decoded for it: ``transcription.audio.Frontend``), ``model`` (the
+    checkpoint's name) and ``random_weights`` (``load_format=dummy``: its transcripts are noise)."""
+    from engine.config import FAMILIES
+
+    family = engine.loaded.info["family"]
+    return {"engine_id": engine_id, "family": family, "frontend": FAMILIES[family].frontend,
+            "model": engine.loaded.info.get("name"), "random_weights": bool(engine.random_weights)}
 
 
 def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None,
@@ -226,7 +241,13 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         return Response(content, media_type=media_type, headers=headers)
 
     async def _read_pcm(request: Request, fmt: PcmFormat) -> DecodedAudio:
-        """The decoded audio a worker sent, checked against its header (:class:`diarist.pcm.PcmFormat`)."""
+        """The decoded audio a worker sent, checked against its header (:class:`diarist.pcm.PcmFormat`) and
+        against this engine's frontend (409 ``frontend_mismatch``: the worker asks ``/info`` again)."""
+        if fmt.frontend and fmt.frontend != tr.frontend.value:
+            raise ApiError(409, "frontend_mismatch",
+                           f"the samples were decoded with the {fmt.frontend} frontend; this engine serves "
+                           f"{engine.loaded.info['family']}, which hears audio through the {tr.frontend.value} "
+                           f"frontend (GET /info)")
         if fmt.nbytes > MAX_PCM_BYTES:
             raise ApiError(413, "too_large", f"PCM body of {fmt.nbytes} bytes; at most {MAX_PCM_BYTES}")
         seconds = fmt.frames / fmt.sample_rate
@@ -258,6 +279,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok", "engine_id": engine_id}
+
+    @app.get("/info")
+    def info() -> dict:
+        return engine_info(engine, engine_id)
 
     @app.get("/stats")
     def stats() -> dict:
