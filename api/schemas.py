@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from diarist.contract.options import MAX_SPEAKERS, OPTION_FIELDS, TASKS, check_hints
+from diarist.contract.options import MAX_SPEAKERS, MAX_TEMPERATURE, OPTION_FIELDS, TASKS, check_hints
 from diarist.contract.result import EngineMetrics
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
@@ -57,6 +57,12 @@ class JobOptions(BaseModel):
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Fewest speakers (same condition).")
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS, description="Most speakers.")
     multichannel: bool = Field(False, description="One speaker per channel.")
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description=(
+        "First decoding temperature (OpenAI's `temperature`). Unset or 0: greedy first; a decode that fails "
+        "its quality checks (a loop, low confidence) is tried again 0.2 hotter each time up to 1.0. Above 0: "
+        "the first decode samples at it (seeded: the same file gives the same transcript), then the same "
+        "ladder from there. Sampling usually costs accuracy; it is for retrying a file whose greedy "
+        "transcript looped."))
     webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
 
     @field_validator("language")

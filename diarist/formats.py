@@ -34,7 +34,7 @@ import re
 from collections.abc import Callable
 
 from diarist.decode_windows import DecodeWindow, window_of
-from diarist.transcript import Segment, Transcript
+from diarist.transcript import ResultWarning, Segment, Transcript
 
 UNKNOWN_SPEAKER = "unknown"
 
@@ -145,8 +145,44 @@ def _scores(w: DecodeWindow | None) -> dict:
             "compression_ratio": w.compression_ratio, "no_speech_prob": w.no_speech_prob}
 
 
-def to_verbose_json(t: Transcript) -> str:
-    """OpenAI ``verbose_json``: ``{task, language, duration, text, segments, words?, usage}``.
+TIMESTAMP_GRANULARITIES = ("word", "segment")
+"""OpenAI ``timestamp_granularities[]`` values: ``words`` and ``segments`` of ``verbose_json``."""
+
+
+def timestamp_granularities(values: list[str] | None, response_format: str,
+                            family: str) -> tuple[str, ...] | None:
+    """The ``timestamp_granularities[]`` of an OpenAI-compatible request, checked: ``None`` when none were
+    sent, else the distinct values in :data:`TIMESTAMP_GRANULARITIES` order.
+
+    As OpenAI's API: they shape ``verbose_json`` only, so any other ``response_format`` refuses them rather
+    than ignore them; ``word`` needs a model family that times words (``engine.config.ModelFamily
+    .word_timestamps``: not MOSS-TD).
+
+    Raises:
+        InvalidRequest: (422) ``invalid_request`` for an unknown value or another ``response_format``;
+            ``unsupported_granularity`` for ``word`` on a ``family`` without word times.
+    """
+    if not values:
+        return None
+    from diarist.contract.errors import InvalidRequest
+    from engine.config import FAMILIES
+
+    bad = [v for v in values if v not in TIMESTAMP_GRANULARITIES]
+    if bad:
+        raise InvalidRequest(f"timestamp_granularities[]: {', '.join(map(repr, bad))} is not one of "
+                             f"{', '.join(TIMESTAMP_GRANULARITIES)}")
+    if response_format != "verbose_json":
+        raise InvalidRequest(f"timestamp_granularities[] shapes response_format=verbose_json only, not "
+                             f"{response_format!r}")
+    fam = FAMILIES.get(family)
+    if "word" in values and (fam is None or not fam.word_timestamps):
+        raise InvalidRequest(f"the {family} model times segments, not words: ask for "
+                             f"timestamp_granularities[]=segment", code="unsupported_granularity")
+    return tuple(g for g in TIMESTAMP_GRANULARITIES if g in values)
+
+
+def to_verbose_json(t: Transcript, granularities: tuple[str, ...] | None = None) -> str:
+    """OpenAI ``verbose_json``: ``{task, language, duration, text, segments?, words?, usage}``.
 
     Segments carry OpenAI's fields ``id, seek, start, end, text, tokens, temperature,
     avg_logprob, compression_ratio, no_speech_prob`` plus our ``speaker`` (OpenAI has no
@@ -155,21 +191,20 @@ def to_verbose_json(t: Transcript) -> str:
     without windows (MOSS-TD, which decodes greedily in one sequence, or one stored before windows were
     kept) has ``temperature`` 0.0 and the three others ``null`` (as vLLM does). We do not keep token
     ids, so ``tokens`` is ``[]``. ``language`` is our ISO code (OpenAI writes the English name), ``""``
-    when unknown. ``words`` is present when every segment has word timestamps.
+    when unknown. ``granularities`` (:func:`timestamp_granularities`) picks the lists as OpenAI does:
+    ``segments`` with ``segment``, ``words`` (every word) with ``word``; ``None``
+    (none asked for): ``segments``, and ``words`` when every segment has word timestamps.
     :func:`completeness_fields` are added at the top level.
     """
-    body: dict = {
-        "task": t.task,
-        "language": t.language or "",
-        "duration": t.duration,
-        "text": t.text,
-        "segments": [
+    body: dict = {"task": t.task, "language": t.language or "", "duration": t.duration, "text": t.text}
+    if granularities is None or "segment" in granularities:
+        body["segments"] = [
             {"id": s.id, "seek": _seek(s), "start": s.start, "end": s.end, "text": s.text, "tokens": [],
              **_scores(window_of(t.windows, s.start, s.end, s.channel)), "speaker": s.speaker}
             for s in t.segments
-        ],
-    }
-    if t.segments and all(s.words is not None for s in t.segments):
+        ]
+    if (granularities is not None and "word" in granularities) or (
+            granularities is None and t.segments and all(s.words is not None for s in t.segments)):
         body["words"] = [{"word": w.word, "start": w.start, "end": w.end}
                          for s in t.segments for w in s.words or []]
     body["usage"] = {"type": "duration", "seconds": t.duration}
@@ -177,20 +212,36 @@ def to_verbose_json(t: Transcript) -> str:
     return json.dumps(body, ensure_ascii=False)
 
 
+RANDOM_WEIGHTS = "random_weights"
+"""Warning code of a transcript an engine on random weights (``load_format=dummy``) wrote: its text is noise."""
+
+
 def completeness_fields(t: Transcript) -> dict:
     """Our extra fields in OpenAI JSON shapes: ``finish_reason`` (why decoding ended), ``incomplete`` (the
     transcript may miss speech) and ``incomplete_reason``, ``coverage`` (transcribed / detected speech,
-    :mod:`diarist.completeness`), ``warnings`` ([{code, message, count}])."""
+    :mod:`diarist.completeness`), ``warnings`` ([{code, message, count}]; first a :data:`RANDOM_WEIGHTS` one
+    when the engine ran random weights, so an OpenAI client, which knows no ``random_weights`` field, sees it
+    too), and ``random_weights`` when true."""
+    warnings = [w.model_dump() for w in t.warnings]
+    extra = {}
+    if t.random_weights:
+        warnings.insert(0, ResultWarning(code=RANDOM_WEIGHTS, message="the engine runs random weights "
+                                         "(load_format=dummy): this transcript is noise, not the recording's "
+                                         "speech").model_dump())
+        extra["random_weights"] = True
     return {"finish_reason": t.finish_reason, "incomplete": t.incomplete, "incomplete_reason": t.incomplete_reason,
-            "coverage": t.coverage, "warnings": [w.model_dump() for w in t.warnings]}
+            "coverage": t.coverage, "warnings": warnings, **extra}
 
 
 def completeness_headers(t: Transcript) -> dict[str, str]:
     """The same facts as HTTP headers, for shapes that are not JSON: ``X-Diarist-Finish-Reason``,
-    ``X-Diarist-Incomplete`` (``true``/``false``), ``X-Diarist-Coverage`` (absent when unknown)."""
+    ``X-Diarist-Incomplete`` (``true``/``false``), ``X-Diarist-Coverage`` (absent when unknown),
+    ``X-Diarist-Random-Weights: true`` (the engine ran random weights; absent otherwise)."""
     h = {"X-Diarist-Finish-Reason": t.finish_reason, "X-Diarist-Incomplete": "true" if t.incomplete else "false"}
     if t.coverage is not None:
         h["X-Diarist-Coverage"] = f"{t.coverage:.4f}"
+    if t.random_weights:
+        h["X-Diarist-Random-Weights"] = "true"
     return h
 
 
@@ -261,17 +312,21 @@ OPENAI_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json",
 """``response_format`` values of the OpenAI-compatible route."""
 
 
-def render_openai(transcript: Transcript, fmt: str) -> tuple[str, str, dict[str, str]]:
+def render_openai(transcript: Transcript, fmt: str,
+                  granularities: tuple[str, ...] | None = None) -> tuple[str, str, dict[str, str]]:
     """Render for the OpenAI-compatible route; returns ``(body, media_type, headers)``.
 
-    ``fmt`` is one of :data:`OPENAI_FORMATS`; ``json`` is OpenAI's (:func:`to_openai_json`), the others
-    are :func:`render`'s. ``headers`` are :func:`completeness_headers` (sent with every shape). Raises
+    ``fmt`` is one of :data:`OPENAI_FORMATS`; ``json`` is OpenAI's (:func:`to_openai_json`),
+    ``verbose_json`` has the ``granularities`` asked for (:func:`to_verbose_json`), the others are
+    :func:`render`'s. ``headers`` are :func:`completeness_headers` (sent with every shape). Raises
     ``ValueError`` for another ``fmt``.
     """
     if fmt not in OPENAI_FORMATS:
         raise ValueError(f"unsupported response_format {fmt!r}; supported: {', '.join(OPENAI_FORMATS)}")
     if fmt == "json":
         body, media_type = to_openai_json(transcript), "application/json"
+    elif fmt == "verbose_json":
+        body, media_type = to_verbose_json(transcript, granularities), "application/json"
     else:
         body, media_type = render(transcript, fmt)
     return body, media_type, completeness_headers(transcript)

@@ -82,6 +82,9 @@ class PcmFormat:
         source_sample_rate (Hz), source_channels, codec, container: of the uploaded file (FFmpeg names).
         nonfinite, source_values: NaN/inf sample values the decoder replaced by 0, of the values it read
             (``diarist.pcm``; the engine reports them in the result's warnings).
+        frontend: how the samples were mixed and resampled (``transcription.audio.Frontend``: ``ffmpeg`` or
+            ``librosa``); the engine refuses samples decoded for another family than its own (``""``: not
+            stated, taken as they are).
     """
 
     channels: int
@@ -93,6 +96,7 @@ class PcmFormat:
     container: str = ""
     nonfinite: int = 0
     source_values: int = 0
+    frontend: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -117,8 +121,8 @@ class PcmFormat:
         ints = (fmt.channels, fmt.frames, fmt.sample_rate, fmt.source_sample_rate, fmt.source_channels)
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or min(ints) < 1:
             raise ValueError(f"the PCM header's counts must be positive integers: {raw}")
-        if not isinstance(fmt.codec, str) or not isinstance(fmt.container, str):
-            raise ValueError("the PCM header's codec and container must be strings")  # noqa: TRY004
+        if not all(isinstance(v, str) for v in (fmt.codec, fmt.container, fmt.frontend)):
+            raise ValueError("the PCM header's codec, container and frontend must be strings")
         counts = (fmt.nonfinite, fmt.source_values)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
             raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")

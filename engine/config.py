@@ -31,17 +31,20 @@ class ModelFamily:
         packaged_checkpoints: its checkpoints also come as Python packages selected by name, each with the
             languages it transcribes (:mod:`engine.checkpoints`); otherwise one checkpoint takes any language.
         translates: it has a ``translate`` task (on checkpoints that are not English-only).
+        word_timestamps: its transcripts time each word (Whisper's cross-attention alignment); MOSS-TD times
+            segments only.
     """
 
     name: str
     frontend: str
     packaged_checkpoints: bool
     translates: bool
+    word_timestamps: bool
 
 
 FAMILIES: dict[str, ModelFamily] = {f.name: f for f in (
-    ModelFamily("whisper", frontend="ffmpeg", packaged_checkpoints=True, translates=True),
-    ModelFamily("moss-td", frontend="librosa", packaged_checkpoints=False, translates=False),
+    ModelFamily("whisper", frontend="ffmpeg", packaged_checkpoints=True, translates=True, word_timestamps=True),
+    ModelFamily("moss-td", frontend="librosa", packaged_checkpoints=False, translates=False, word_timestamps=False),
 )}
 """Every family the engine loads, by name (the one table of their service-side facts)."""
 

@@ -27,20 +27,30 @@ class GenerationConfigError(CheckpointError):
     and the value), or is not valid JSON (a :class:`CheckpointError`: code ``bad_model``, one CLI line)."""
 
 
-# Applied: the stop ids, the penalty, suppressed ids, the output budget.
-APPLIED = frozenset({"eos_token_id", "repetition_penalty", "suppress_tokens", "bad_words_ids", "max_new_tokens",
-                     "max_length"})
+# Applied: the stop ids, the penalty, suppressed ids, the output budget's floor.
+APPLIED = frozenset({"eos_token_id", "repetition_penalty", "suppress_tokens", "bad_words_ids", "max_new_tokens"})
 # No effect on greedy tokens: sampling knobs (the official path forces do_sample=False), beam-only knobs,
-# ids used for padding or starting, output/caching switches and metadata.
+# ids used for padding or starting, output/caching/runtime switches, assisted and speculative decoding
+# (they need a draft model or heads the official call never passes, and keep greedy tokens when they act),
+# and metadata. ``max_length`` too: every request here has an output budget (the request's
+# ``max_new_tokens`` or the default one, :func:`transcription.limits.default_budget`), and HF ``generate``
+# lets ``max_new_tokens`` win over ``max_length`` (``_prepare_generated_length``: max_length becomes prompt +
+# max_new_tokens), as the official call, which passes ``max_new_tokens``, sees it.
 NO_EFFECT = frozenset({
     "do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
-    "top_h", "length_penalty", "early_stopping", "diversity_penalty", "num_return_sequences",
+    "top_h", "length_penalty", "early_stopping", "diversity_penalty", "num_return_sequences", "max_length",
     "pad_token_id", "bos_token_id", "decoder_start_token_id", "transformers_version", "_from_model_config",
     "use_cache", "cache_implementation", "cache_config", "return_legacy_cache", "output_attentions",
     "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate", "renormalize_logits",
     "remove_invalid_values", "low_memory", "prompt_lookup_num_tokens", "compile_config", "disable_compile",
+    "max_cache_len", "prefill_chunk_size", "continuous_batching_config", "generation_kwargs", "use_mtp",
+    "is_assistant", "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "max_matching_ngram_size", "assistant_early_exit", "assistant_lookbehind", "target_lookbehind",
+    "assistant_ensemble_weight", "speculation_type",
 })
-# Fields that change greedy output, accepted only at the value that makes them do nothing.
+# Fields that change greedy output, accepted only at the value that makes them do nothing (transformers
+# writes every field of GenerationConfig at its default with ``use_diff=False``: ``None`` in 5.x, the
+# neutral value in 4.x).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "no_repeat_ngram_size": (None, 0), "encoder_no_repeat_ngram_size": (None, 0), "num_beams": (None, 1),
     "num_beam_groups": (None, 1), "min_length": (None, 0), "min_new_tokens": (None, 0),
@@ -48,7 +58,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "forced_decoder_ids": (None, []), "encoder_repetition_penalty": (None, 1.0), "sequence_bias": (None, {}),
     "exponential_decay_length_penalty": (None,), "stop_strings": (None, [], ""), "penalty_alpha": (None,),
     "guidance_scale": (None, 1.0), "watermarking_config": (None,), "dola_layers": (None,), "max_time": (None,),
-    "token_healing": (None, False), "assistant_confidence_threshold": (None,),
+    "token_healing": (None, False), "constraints": (None, []), "force_words_ids": (None, []),
 }
 
 
@@ -63,7 +73,6 @@ class GreedyRules:
             and multiplied by it when negative.
         suppress_ids: ids never generated (``suppress_tokens`` plus single-token ``bad_words_ids``).
         max_new_tokens: the checkpoint's output budget; ``None`` when not stated.
-        max_length: HF ``max_length`` (prompt + output tokens) when stated without ``max_new_tokens``.
         source: the file read, or ``None`` (no file: the defaults).
     """
 
@@ -71,7 +80,6 @@ class GreedyRules:
     repetition_penalty: float = 1.0
     suppress_ids: tuple[int, ...] = ()
     max_new_tokens: int | None = None
-    max_length: int | None = None
     source: str | None = None
 
     @property
@@ -128,16 +136,11 @@ def parse_generation_config(data: dict[str, Any], path: Path, default_eos: tuple
             raise GenerationConfigError(f"{path}: bad_words_ids entry {words!r}: only single-token entries are "
                                         f"implemented (a banned sequence needs n-gram state)")
         suppress.extend(_ids(words, "bad_words_ids", path))
-    budgets = {}
-    for key in ("max_new_tokens", "max_length"):
-        v = data.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise GenerationConfigError(f"{path}: {key} must be a positive integer, not {v!r}")
-        budgets[key] = v
+    budget = data.get("max_new_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise GenerationConfigError(f"{path}: max_new_tokens must be a positive integer, not {budget!r}")
     return GreedyRules(eos_token_ids=eos, repetition_penalty=float(penalty),
-                       suppress_ids=tuple(sorted(set(suppress))), max_new_tokens=budgets["max_new_tokens"],
-                       max_length=None if budgets["max_new_tokens"] is not None else budgets["max_length"],
-                       source=str(path))
+                       suppress_ids=tuple(sorted(set(suppress))), max_new_tokens=budget, source=str(path))
 
 
 def read_generation_config(model_dir: str | Path | None, default_eos: tuple[int, ...]) -> GreedyRules:

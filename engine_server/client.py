@@ -12,6 +12,7 @@ engine admits the job against its class's own limit.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,6 +28,8 @@ from diarist.contract.result import TranscriptionResult
 from diarist.logs import current_job_id
 from diarist.outages import Dependency
 from engine_server.protocol import request_headers
+
+log = logging.getLogger("diarist.worker")
 
 EventFn = Callable[[str, dict], None]
 """``on_event(kind, payload)``: a :mod:`diarist.contract.events` event's type and fields."""
@@ -104,8 +107,13 @@ class HttpEngineClient:
 
     The audio is decoded here (PyAV, 16 kHz float32) and sent as samples (:class:`engine_server.protocol.PcmFormat`):
     the engine process, whose loop thread drives the GPU, then spends no CPU on FFmpeg
-    (``benchmarks/results/service_gpu_h200.md``). Undecodable audio fails here with the decoder's code, before
-    any engine call; the result's ``metrics.worker_decode_s`` is the decode time (seconds).
+    (``benchmarks/results/service_gpu_h200.md``). How to decode is the engine's to say, not this process's
+    settings: before each job the client asks ``GET /info`` (:meth:`info`) which model family the engine
+    serves and through which frontend it hears audio (``transcription.audio.Frontend``), decodes so, and
+    names the frontend in the PCM header (the engine refuses another: 409 ``frontend_mismatch``, retryable).
+    ``expected_family`` (the worker's ``DIARIST_MODEL``) only draws a warning when the engine serves another.
+    Undecodable audio fails here with the decoder's code, before the job reaches the engine; the result's
+    ``metrics.worker_decode_s`` is the decode time (seconds).
 
     The last line is ``{"type": "result", "result": {...}}`` (read with :meth:`TranscriptionResult.from_json`) or ``{"type": "error", "code", "message"}``.
     A dropped connection or a 5xx is retryable (``engine_error``); the server's own codes are not.
@@ -115,11 +123,42 @@ class HttpEngineClient:
     the stream is the cancel signal, so a dead worker and a canceled job take the same path).
     """
 
-    def __init__(self, url: str, timeout_s: float = 7200.0, family: str = "whisper") -> None:
+    def __init__(self, url: str, timeout_s: float = 7200.0, expected_family: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.engine_id = self.url
-        self.family = family  # the engine's model family: the audio is decoded as its official loader does
+        self.expected_family = expected_family
+        self._warned: set[str] = set()
+
+    def info(self) -> dict[str, Any]:
+        """The engine's ``GET /info``: ``family``, ``frontend``, ``model``, ``random_weights``, ``engine_id``
+        (``engine_server.server.engine_info``); asked before every job, so an engine restarted with another
+        model is decoded for at once.
+
+        Raises:
+            JobFailure: ``engine_unavailable`` (an outage) when the engine does not answer; ``engine_error``
+                (retryable) for an answer that is not an info object.
+        """
+        import httpx
+
+        try:
+            r = httpx.get(f"{self.url}/info", timeout=httpx.Timeout(30.0, connect=10.0))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}", outage=Dependency.ENGINE) from e
+        except httpx.HTTPError as e:
+            raise JobFailure("engine_error", f"engine server dropped GET /info: {e}", retryable=True) from e
+        if r.status_code >= 400:
+            raise _http_failure(r)
+        try:
+            info = r.json()
+            family, frontend = str(info["family"]), str(info["frontend"])
+        except (ValueError, KeyError, TypeError):
+            raise JobFailure("engine_error", "engine server's GET /info is not an info object", retryable=True) from None
+        if self.expected_family and family != self.expected_family and family not in self._warned:
+            self._warned.add(family)
+            log.warning("engine %s serves %s (frontend %s), not this worker's DIARIST_MODEL=%s: uploads are decoded "
+                        "for the engine's family", self.url, family, frontend, self.expected_family)
+        return info
 
     def transcribe(self, audio: Path, options: TranscribeOptions, on_event: EventFn | None = None,
                    cancel: CancelSignal | None = None) -> TranscriptionResult:
@@ -130,14 +169,22 @@ class HttpEngineClient:
         opts = options
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine request closed")
+        def decode(frontend: Frontend) -> Any:
+            try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
+                return decode_audio(audio, mono=not opts.multichannel, frontend=frontend)
+            except AudioError as e:
+                raise JobFailure(e.code, e.message) from e
+
+        try:
+            frontend = Frontend(self.info()["frontend"])  # the engine says how it hears audio, not our settings
+        except JobFailure as e:
+            if e.outage is not None:  # a file that is not audio fails now with its own code, not after the outage
+                decode(Frontend.FFMPEG)
+            raise
         t0 = time.perf_counter()
-        try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
-            decoded = decode_audio(audio, mono=not opts.multichannel,
-                                   frontend=Frontend.for_family(self.family))
-        except AudioError as e:
-            raise JobFailure(e.code, e.message) from e
+        decoded = decode(frontend)
         decode_s = time.perf_counter() - t0
-        headers = request_headers(opts, decoded.pcm_format(), current_job_id())
+        headers = request_headers(opts, replace(decoded.pcm_format(), frontend=frontend.value), current_job_id())
         timeout = httpx.Timeout(self.timeout_s, connect=10.0)
         canceled = JobFailure("canceled", "the job was canceled; engine request closed")
         if cancel is not None and cancel.is_set():
@@ -208,6 +255,8 @@ def _http_failure(r: Any) -> JobFailure:
         return JobFailure("engine_unavailable", f"engine server answered {r.status_code}", outage=Dependency.ENGINE)
     try:
         err = r.json()["error"]
-        return JobFailure(err["code"], err["message"], retryable=r.status_code >= 500)
+        # frontend_mismatch: the engine changed model between GET /info and the job; the next attempt asks again
+        return JobFailure(err["code"], err["message"],
+                          retryable=r.status_code >= 500 or err["code"] == "frontend_mismatch")
     except (ValueError, KeyError, TypeError):
         return JobFailure("engine_error", f"engine server answered {r.status_code}", retryable=True)

@@ -10,8 +10,13 @@ Routes:
   (:class:`engine_server.client.HttpEngineClient`).
 - ``POST /v1/audio/transcriptions``: OpenAI-compatible, synchronous (json, text, srt, vtt, verbose_json,
   diarized_json; ``stream=true`` → ``transcript.text.delta`` … ``transcript.text.done``). A ``model`` this
-  server does not serve is 422 ``unknown_model``, as on the main API.
-- ``GET /health``, ``GET /stats`` (engine gauges and counters).
+  server does not serve is 422 ``unknown_model``, as on the main API; ``temperature`` and
+  ``timestamp_granularities[]`` are honoured or refused as there (``api.routes.openai``).
+- ``GET /health``, ``GET /stats`` (engine gauges and counters), ``GET /info`` (what this engine serves:
+  model family, audio frontend, checkpoint name, random weights; :func:`engine_info`). Workers ask it
+  before decoding a job (:class:`engine_server.client.HttpEngineClient`), and samples decoded with another
+  frontend than this engine's are refused (409 ``frontend_mismatch``), so a worker configured for another
+  family can never feed the model audio mixed its way (stereo 1.41x too loud for MOSS-TD).
 
 Bad audio is a 422 with its code (``empty_audio`` for a zero-byte upload, ``decode_failed``, ...); no error
 message names a file of this server (uploads are spooled to temporary files).
@@ -40,7 +45,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from diarist.contract.errors import CodedError
 from diarist.contract.events import ErrorLine, Line, ResultLine, make, to_line
-from diarist.contract.options import TranscribeOptions
+from diarist.contract.options import MAX_TEMPERATURE, TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from diarist.http import errors
 from diarist.http.engine_metrics import engine_metrics_router
@@ -88,6 +93,17 @@ def _public(message: str, source: Path | Any) -> str:
     """``message`` with the path of the request's spooled upload (``source``, when a Path) replaced: a
     client never learns this server's file names."""
     return message.replace(str(source), "<upload>") if isinstance(source, Path) else message
+
+
+def engine_info(engine: Any, engine_id: str) -> dict[str, Any]:
+    """What ``engine`` serves, as ``GET /info`` answers: ``engine_id``, ``family`` (``engine.config.FAMILIES``),
+    ``frontend`` (how uploads must be decoded for it: ``transcription.audio.Frontend``), ``model`` (the
+    checkpoint's name) and ``random_weights`` (``load_format=dummy``: its transcripts are noise)."""
+    from engine.config import FAMILIES
+
+    family = engine.loaded.info["family"]
+    return {"engine_id": engine_id, "family": family, "frontend": FAMILIES[family].frontend,
+            "model": engine.loaded.info.get("name"), "random_weights": bool(engine.random_weights)}
 
 
 def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_tokens: int | None = None,
@@ -179,20 +195,25 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
         request: Request, file: Annotated[UploadFile, File()], model: Annotated[str, Form()] = "whisper",
         language: Annotated[str | None, Form()] = None, prompt: Annotated[str | None, Form()] = None,
         response_format: Annotated[str, Form()] = "json", stream_: Annotated[bool, Form(alias="stream")] = False,
+        temperature: Annotated[float | None, Form(ge=0, le=MAX_TEMPERATURE)] = None,
+        granularities: Annotated[list[str] | None, Form(alias="timestamp_granularities[]")] = None,
+        granularities_plain: Annotated[list[str] | None, Form(alias="timestamp_granularities")] = None,
     ) -> Response:
-        from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
+        from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai, timestamp_granularities
         from diarist.transcript import Transcript
 
         if model not in served:
             raise unknown_model(model, served)
         if response_format not in OPENAI_FORMATS:
             raise ApiError(422, "invalid_request", f"unsupported response_format {response_format!r}")
+        granularity = timestamp_granularities([*(granularities or []), *(granularities_plain or [])],
+                                              response_format, engine.loaded.info["family"])
         fd, name = tempfile.mkstemp(prefix="diarist-engine-", dir=spool_dir)
         os.close(fd)
         async with await anyio.open_file(name, "wb") as out:
             while chunk := await file.read(CHUNK):
                 await out.write(chunk)
-        opts = TranscribeOptions(language=language, prompt=prompt)
+        opts = TranscribeOptions(language=language, prompt=prompt, temperature=temperature)
         cancel = threading.Event()
         if stream_:
             async def sse() -> AsyncIterator[str]:
@@ -216,11 +237,17 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             watcher.cancel()
             cancel.set()
             Path(name).unlink(missing_ok=True)
-        content, media_type, headers = render_openai(Transcript.from_engine(result), response_format)
+        content, media_type, headers = render_openai(Transcript.from_engine(result), response_format, granularity)
         return Response(content, media_type=media_type, headers=headers)
 
     async def _read_pcm(request: Request, fmt: PcmFormat) -> DecodedAudio:
-        """The decoded audio a worker sent, checked against its header (:class:`diarist.pcm.PcmFormat`)."""
+        """The decoded audio a worker sent, checked against its header (:class:`diarist.pcm.PcmFormat`) and
+        against this engine's frontend (409 ``frontend_mismatch``: the worker asks ``/info`` again)."""
+        if fmt.frontend and fmt.frontend != tr.frontend.value:
+            raise ApiError(409, "frontend_mismatch",
+                           f"the samples were decoded with the {fmt.frontend} frontend; this engine serves "
+                           f"{engine.loaded.info['family']}, which hears audio through the {tr.frontend.value} "
+                           f"frontend (GET /info)")
         if fmt.nbytes > MAX_PCM_BYTES:
             raise ApiError(413, "too_large", f"PCM body of {fmt.nbytes} bytes; at most {MAX_PCM_BYTES}")
         seconds = fmt.frames / fmt.sample_rate
@@ -252,6 +279,10 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok", "engine_id": engine_id}
+
+    @app.get("/info")
+    def info() -> dict:
+        return engine_info(engine, engine_id)
 
     @app.get("/stats")
     def stats() -> dict:

@@ -1,4 +1,5 @@
-"""A loopback HTTP server standing in for the engine server: it answers every POST with NDJSON lines.
+"""A loopback HTTP server standing in for the engine server: it answers every POST with NDJSON lines, and
+``GET /info`` as a Whisper engine does (:data:`INFO`).
 
 Tests of the worker's side of the wire (``engine_server.client``, the engine pool, cancellation) use it
 where a real engine server would only add minutes of model work.
@@ -12,6 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tests.servers import QuietHandler, serve_http
+
+INFO = {"engine_id": "stand-in", "family": "whisper", "frontend": "ffmpeg", "model": "stand-in",
+        "random_weights": False}
+"""The stand-in's ``GET /info`` (``engine_server.server.engine_info``): a Whisper engine."""
 
 
 @contextlib.contextmanager
@@ -30,6 +35,12 @@ def stand_in_engine(lines: Callable[[], list[Any]]) -> Iterator[tuple[str, list[
             seen.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}})
             body = "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines()).encode()
             self.reply(200, body, "application/x-ndjson")
+
+        def do_GET(self) -> None:
+            if self.path == "/info":
+                self.reply(200, json.dumps(INFO).encode(), "application/json")
+            else:
+                self.reply(404)
 
     with serve_http(Handler) as url:
         yield url, seen

@@ -31,8 +31,27 @@ from dataclasses import dataclass
 
 from engine.request import FinishReason, Sequence
 
-TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-"""Decoding temperatures tried in turn for a window whose decode fails (0 is greedy)."""
+TEMPERATURE_STEP = 0.2
+"""How much hotter each retry of a failed decode samples (openai-whisper's
+``temperature_increment_on_fallback``)."""
+
+
+def temperature_schedule(start: float | None = None) -> tuple[float, ...]:
+    """The temperatures a decode is tried at, in turn: ``start`` (a request's ``temperature``; ``None``:
+    0, greedy), then :data:`TEMPERATURE_STEP` hotter each time up to 1.0, as openai-whisper's ``transcribe``
+    builds its fallback list from ``--temperature`` (``np.arange(t, 1.0 + 1e-6, 0.2)``).
+
+    Raises:
+        ValueError: ``start`` outside 0..1.
+    """
+    t0 = 0.0 if start is None else float(start)
+    if not 0.0 <= t0 <= 1.0:
+        raise ValueError(f"temperature must be between 0 and 1, not {start!r}")
+    return tuple(round(t0 + i * TEMPERATURE_STEP, 6) for i in range(int((1.0 - t0) / TEMPERATURE_STEP + 1e-6) + 1))
+
+
+TEMPERATURES = temperature_schedule()
+"""Decoding temperatures tried in turn for a window whose decode fails, by default (0 is greedy)."""
 
 FALLBACK_SEED = 0
 """Seed of every sampled attempt's generator: a recording transcribes the same way on every run."""

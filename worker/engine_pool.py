@@ -126,15 +126,16 @@ class EnginePool:
             self._down_until[i] = float("-inf") if up else self._clock() + self.down_hold_s
 
 
-def engine_client(urls: Sequence[str], timeout_s: float, family: str = "whisper") -> EngineClient:
+def engine_client(urls: Sequence[str], timeout_s: float, expected_family: str | None = None) -> EngineClient:
     """The client a transcription worker uses for the engine servers ``urls`` (its own first): one
     :class:`HttpEngineClient` for one URL, an :class:`EnginePool` of them for several. ``timeout_s`` is the
-    longest one engine request may take (``DIARIST_ENGINE_TIMEOUT_S``); ``family`` the engines' model family
-    (``DIARIST_MODEL``: uploads are decoded as its official loader does).
+    longest one engine request may take (``DIARIST_ENGINE_TIMEOUT_S``). Each engine says which model family it
+    serves and how to decode for it (``GET /info``); ``expected_family`` (``DIARIST_MODEL``) only draws a
+    warning when one serves another.
 
     Raises ValueError on no URL.
     """
-    clients = [HttpEngineClient(u, timeout_s=timeout_s, family=family) for u in urls]
+    clients = [HttpEngineClient(u, timeout_s=timeout_s, expected_family=expected_family) for u in urls]
     if not clients:
         raise ValueError("no engine URL given")
     return clients[0] if len(clients) == 1 else EnginePool(clients)

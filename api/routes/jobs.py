@@ -124,8 +124,11 @@ def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep
         raise ApiError(404, "not_found", "the transcript was deleted") from None
     # RTTM's file id names the recording, as reference RTTMs do: the upload's name without its extension
     file_id = PurePath(job.filename or "").stem or job.id
-    content, media_type = render(Transcript.model_validate_json(data), format, file_id=file_id)
-    return Response(content, media_type=media_type)
+    t = Transcript.model_validate_json(data)
+    content, media_type = render(t, format, file_id=file_id)
+    # random weights' text is noise: said in every format, the ones without a field for it included
+    return Response(content, media_type=media_type,
+                    headers={"X-Diarist-Random-Weights": "true"} if t.random_weights else None)
 
 
 @router.get("", response_model=JobList, responses=ERRORS, summary="List jobs, newest first")

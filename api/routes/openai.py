@@ -7,7 +7,11 @@ answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta}
 ``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
 as OpenAI does; MOSS-TD's as each segment completes, the cascade's after diarization), then
 ``transcript.text.done`` {text}. Extra form fields (``num_speakers``, ``min_speakers``, ``max_speakers``,
-``task``) pass through; OpenAI-only fields we cannot honour are ignored.
+``task``) pass through. ``temperature`` is the first decoding temperature (a job option: greedy first when
+0 or unset, then the quality fallback's ladder from it). ``timestamp_granularities[]`` (``word``,
+``segment``) picks verbose_json's ``words``/``segments`` as OpenAI does; another value, another
+``response_format``, or ``word`` on a model that times segments only is a 422 before any job exists
+(:func:`diarist.formats.timestamp_granularities`).
 A translation is a transcription with ``task=translate`` (multilingual Whisper only).
 Every JSON shape and the final stream event carry ``finish_reason``, ``incomplete``,
 ``incomplete_reason``, ``coverage`` and ``warnings`` as extra fields, and every answer carries them as
@@ -36,8 +40,8 @@ from api.routes.jobs import ERRORS
 from api.schemas import ErrorResponse, JobOptions
 from api.submit import AudioSource, submit_job
 from api.sync_wait import stream_unless_gone, sync_timeout, wait_unless_gone
-from diarist.contract.options import MAX_SPEAKERS, TASKS
-from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai
+from diarist.contract.options import MAX_SPEAKERS, MAX_TEMPERATURE, TASKS
+from diarist.formats import OPENAI_FORMATS, openai_done_event, render_openai, timestamp_granularities
 from diarist.http.errors import ApiError, describe_errors
 from diarist.models import Job, new_id
 from diarist.outages import Dependency
@@ -52,7 +56,11 @@ OpenAIFormat = Literal[OPENAI_FORMATS]  # json, text, srt, vtt, verbose_json, di
 RecordingForm = Annotated[UploadFile, File(description="The recording")]
 PromptForm = Annotated[str | None, Form(max_length=2000)]
 FormatForm = Annotated[OpenAIFormat, Form()]
-TemperatureForm = Annotated[float | None, Form(ge=0, le=1)]
+TemperatureForm = Annotated[float | None, Form(ge=0, le=MAX_TEMPERATURE)]
+# OpenAI's clients send the list as repeated ``timestamp_granularities[]`` fields; plain curl users often
+# drop the brackets: both are read (values checked by diarist.formats.timestamp_granularities)
+GranularitiesForm = Annotated[list[str] | None, Form(alias="timestamp_granularities[]")]
+GranularitiesPlainForm = Annotated[list[str] | None, Form(alias="timestamp_granularities")]
 SpeakersForm = Annotated[int | None, Form(ge=1, le=MAX_SPEAKERS)]
 
 SYNC_ERRORS = {**ERRORS, 504: {"model": ErrorResponse}}  # 504 timeout: the wait passed sync_timeout_s
@@ -85,8 +93,8 @@ def _raise_failed(job: Job) -> None:
     raise ApiError(STATUS_FOR.get(code, 422), code, job.error_message or "the transcription failed")
 
 
-def _body(t: Transcript, fmt: str) -> Response:
-    content, media_type, headers = render_openai(t, fmt)
+def _body(t: Transcript, fmt: str, granularities: tuple[str, ...] | None = None) -> Response:
+    content, media_type, headers = render_openai(t, fmt, granularities)
     return Response(content, media_type=media_type, headers=headers)
 
 
@@ -143,6 +151,8 @@ async def create_transcription(
     min_speakers: SpeakersForm = None,
     max_speakers: SpeakersForm = None,
     task: Annotated[Literal[TASKS] | None, Form()] = None,
+    granularities: GranularitiesForm = None,
+    granularities_plain: GranularitiesPlainForm = None,
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
 
@@ -155,9 +165,11 @@ async def create_transcription(
     check_one_file(await request.form())  # the form FastAPI parsed for the parameters above
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
-                          min_speakers=min_speakers, max_speakers=max_speakers, task=task)
+                          min_speakers=min_speakers, max_speakers=max_speakers, task=task, temperature=temperature)
     except ValidationError as e:
         raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
+    granularity = timestamp_granularities([*(granularities or []), *(granularities_plain or [])],
+                                          response_format, services.settings.model)
     if (why := await run_in_threadpool(engine_unavailable, request)) is not None:
         # nobody would wait out the outage for this answer: refuse instead of queueing a job
         raise ApiError(503, Dependency.ENGINE.code, f"{why}; nothing was queued, retry later",
@@ -181,7 +193,7 @@ async def create_transcription(
         sub.close()
     if t is None:
         _raise_failed(job)
-    return _body(t, response_format)
+    return _body(t, response_format, granularity)
 
 
 @router.post("/v1/audio/translations", responses={200: {"content": {"application/json": {}, "text/plain": {}}},

@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
     services.dispatcher = dispatcher
     engine = None
     if args.klass != "webhooks":
+        # each engine says which family it serves and how to decode for it; DIARIST_MODEL only checks that
         engine = engine_client(args.engine_url or st.engine_url, timeout_s=st.engine_timeout_s,
-                               family=st.model)  # decodes uploads as that family's official loader
+                               expected_family=st.model)
     from worker.sweeper import Sweeper
 
     rt = Runtime(services=services, engine=engine, dispatcher=dispatcher)

@@ -14,6 +14,8 @@ from diarist.contract.errors import InvalidRequest
 
 TASKS = ("transcribe", "translate")
 """``task`` values: text in the speech's language, or English text (multilingual Whisper only)."""
+MAX_TEMPERATURE = 1.0
+"""Largest ``temperature`` a request may ask for (OpenAI's range is 0..1)."""
 MAX_SPEAKERS = 64
 """Largest speaker count a hint may name (``num_speakers``, ``min_speakers``, ``max_speakers``)."""
 
@@ -36,6 +38,10 @@ class TranscribeOptions:
         prompt: text that conditions the decoder (vocabulary, spelling).
         num_speakers / min_speakers / max_speakers: hints for speaker clustering (:func:`check_hints`).
         multichannel: one speaker per channel: transcribe each channel, label by channel.
+        temperature: the first decoding temperature (OpenAI ``temperature``, 0..1; ``None`` or 0: greedy
+            first). A decode that fails its checks is tried again at higher temperatures, 0.2 apart
+            (:func:`transcription.decode_quality.temperature_schedule`), each draw seeded so that a
+            recording transcribes the same way on every run.
         max_new_tokens: output budget per sequence (tokens); default from the model and duration.
         diarize: run the speaker cascade (Whisper); False labels everything as one speaker.
         word_timestamps: compute word times (needed to split segments at speaker changes).
@@ -55,6 +61,7 @@ class TranscribeOptions:
     min_speakers: int | None = _job(None, int)
     max_speakers: int | None = _job(None, int)
     multichannel: bool = _job(False, bool)
+    temperature: float | None = _job(None, float)
     max_new_tokens: int | None = None
     diarize: bool = True
     word_timestamps: bool = True
@@ -82,8 +89,13 @@ class TranscribeOptions:
         given = {k: raw[k] for k in OPTION_FIELDS if raw.get(k) is not None}
         for k, v in given.items():
             kind = _TYPES[k]
-            if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            if kind is float and isinstance(v, int) and not isinstance(v, bool):
+                given[k] = v = float(v)  # JSON writes 0.0 as 0
+            if not isinstance(v, kind) or (kind in (int, float) and isinstance(v, bool)):
                 raise InvalidRequest(f"options: {k} must be {_TYPE_NAMES[kind]}, not {v!r}")
+        if not 0.0 <= given.get("temperature", 0.0) <= MAX_TEMPERATURE:
+            raise InvalidRequest(f"options: temperature must be between 0 and {MAX_TEMPERATURE:g}, "
+                                 f"not {given['temperature']!r}")
         try:
             check_hints(given.get("num_speakers"), given.get("min_speakers"), given.get("max_speakers"))
         except ValueError as e:
@@ -96,7 +108,7 @@ OPTION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TranscribeOptions)
 options (``model``, ``webhook_url``) stay in the service."""
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TranscribeOptions) if f.metadata.get("job")}
 _TYPES: dict[str, type] = {f.name: f.metadata["job"] for f in fields(TranscribeOptions) if f.metadata.get("job")}
-_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
 
 
 def check_hints(num_speakers: int | None, min_speakers: int | None, max_speakers: int | None) -> None:

@@ -162,11 +162,27 @@ def check_feature_extractor(path: Path | None, num_mel_bins: int) -> None:
                                   f"{', '.join(bad)}")
 
 
+MARKER_INTERVAL_ASSUMED = "marker_interval_assumed"
+"""Result warning code: the checkpoint folder states no time-marker interval, so the processor code's
+default was assumed (every result of such an engine carries it; the message names the value)."""
+
+
+def marker_assumed_warning(path: Path, interval_s: int) -> dict[str, str]:
+    """The :data:`MARKER_INTERVAL_ASSUMED` warning (``{"code", "message"}``) for the folder ``path``."""
+    return {"code": MARKER_INTERVAL_ASSUMED,
+            "message": f"the checkpoint folder {path.name!r} has no processor_config.json stating "
+                       f"time_marker_every_seconds; time markers every {interval_s} s (the processor code's "
+                       f"default) were assumed. A model trained with another interval reads every timestamp "
+                       f"wrong: the released checkpoint states its own (docs/moss_td.md); put the file in the "
+                       f"folder or set DIARIST_MOSS_MARKER_INTERVAL_S"}
+
+
 def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int, str]:
     """The time-marker interval (seconds) and where it came from: ``setting`` (``EngineConfig.
     marker_interval_s`` / ``DIARIST_MOSS_MARKER_INTERVAL_S``) wins, else the folder's processor config,
-    else the processor code's default (:data:`DEFAULT_MARKER_EVERY_S`), with a warning: a model trained
-    with another interval reads every timestamp wrong, and nothing else would show it.
+    else the processor code's default (:data:`DEFAULT_MARKER_EVERY_S`), with a warning at load (and, from
+    :func:`load_moss_td`, in every result: :func:`marker_assumed_warning`): a model trained with another
+    interval reads every timestamp wrong, and nothing else would show it.
 
     Raises:
         CheckpointError: a negative ``setting``.
@@ -182,10 +198,7 @@ def resolve_marker_interval(path: Path | None, setting: int | None) -> tuple[int
     if stated is not None:
         return stated
     if path is not None:  # (random weights have no trained interval to get wrong)
-        log.warning("MOSS-TD: %s has no processor_config.json stating time_marker_every_seconds; using the "
-                    "processor code's default of %d s. The released checkpoint states its own (docs/moss_td.md): "
-                    "put the file in the folder or set DIARIST_MOSS_MARKER_INTERVAL_S", path,
-                    DEFAULT_MARKER_EVERY_S)
+        log.warning("MOSS-TD: %s", marker_assumed_warning(path, DEFAULT_MARKER_EVERY_S)["message"])
     return DEFAULT_MARKER_EVERY_S, "default"
 
 
@@ -243,6 +256,9 @@ def load_moss_td(cfg: EngineConfig) -> LoadedModel:
         "random_weights": fmt == "dummy",
         "marker_every_s": marker,
         "marker_source": marker_source,
+        # said in every result, not only in the load log (transcription.moss_td.pipeline)
+        "result_warnings": [marker_assumed_warning(path, marker)] if marker_source == "default" and fmt == "hf"
+        else [],
         "eos_token_ids": rules.eos_token_ids,
         "greedy_rules": rules,
         "chat_template": template,  # None: the built-in format (engine.models.moss_td_prompt.render_chat)

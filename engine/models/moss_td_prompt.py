@@ -83,13 +83,15 @@ class ChatTemplate:
 
     Args:
         text: the Jinja source. source: where it came from (a file name), for stats and errors.
+        special_tokens: the tokenizer's named special tokens (``{"eos_token": "<|im_end|>", ...}``,
+            :func:`read_special_tokens`), variables of the template as ``apply_chat_template`` passes them.
 
     Raises:
         ValueError: the template does not compile, fails to render, or does not give exactly one
             ``<|audio_pad|>``.
     """
 
-    def __init__(self, text: str, source: str) -> None:
+    def __init__(self, text: str, source: str, special_tokens: dict[str, str] | None = None) -> None:
         import jinja2
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -102,6 +104,7 @@ class ChatTemplate:
         env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
         env.globals["raise_exception"] = raise_exception
         self.text, self.source = text, source
+        self.special_tokens = dict(special_tokens or {})
         try:
             self._template = env.from_string(text)
         except jinja2.exceptions.TemplateError as e:
@@ -115,7 +118,7 @@ class ChatTemplate:
         text = (instruction or "").strip() or DEFAULT_INSTRUCTION
         messages = [{"role": "user", "content": [{"type": "audio", "audio": "audio"}, {"type": "text", "text": text}]}]
         try:
-            out = self._template.render(messages=messages, add_generation_prompt=True)
+            out = self._template.render(**self.special_tokens, messages=messages, add_generation_prompt=True)
         except jinja2.exceptions.TemplateError as e:
             raise ValueError(f"{self.source}: the chat template failed to render: {e}") from None
         if out.count(AUDIO_PAD) != 1:
@@ -139,9 +142,62 @@ TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "processor_config
 ``ProcessorMixin.from_pretrained`` loads them; the tokenizer's template last)."""
 
 
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+"""The named special tokens a Hugging Face tokenizer passes to its chat template
+(``PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES``; ``special_tokens_map``)."""
+
+
+def _json_object(p: Path) -> dict:
+    try:
+        data = json.loads(p.read_text())
+    except ValueError as e:
+        raise ValueError(f"{p}: not valid JSON: {e}") from None
+    if isinstance(data, dict):
+        return data
+    raise ValueError(f"{p}: not a JSON object")  # a CheckpointError at load (engine.loaders.moss_td)
+
+
+def _token_text(value: object) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string, or a serialised ``AddedToken``
+    (``{"content": ...}``); ``None`` for anything else (an unset token)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def read_special_tokens(model_dir: str | Path | None) -> dict[str, str]:
+    """The folder's named special tokens as ``apply_chat_template`` passes them to the template
+    (transformers ``special_tokens_map``): :data:`SPECIAL_TOKEN_NAMES` and the model-specific ones of an
+    ``extra_special_tokens`` mapping, from ``tokenizer_config.json``, overridden by ``special_tokens_map.json``
+    as transformers' loader merges the two; unset tokens (``null``) are left out, so the template sees them
+    undefined. Empty without a folder or the files.
+
+    Raises:
+        ValueError: a file that is not a JSON object.
+    """
+    out: dict[str, str] = {}
+    if model_dir is None:
+        return out
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        p = Path(model_dir) / name
+        if not p.is_file():
+            continue
+        data = _json_object(p)
+        extra = data.get("extra_special_tokens")
+        named = {k: data[k] for k in SPECIAL_TOKEN_NAMES if k in data}
+        for key, value in {**named, **(extra if isinstance(extra, dict) else {})}.items():
+            text = _token_text(value)
+            if text is None:
+                out.pop(key, None)
+            else:
+                out[key] = text
+    return out
+
+
 def read_chat_template(model_dir: str | Path | None) -> ChatTemplate | None:
     """The folder's chat template (:data:`TEMPLATE_FILES`: a ``.jinja`` file, or a ``chat_template`` string
-    in a JSON file), or ``None`` when there is none (the built-in format is then used).
+    in a JSON file), rendered with the folder's special tokens (:func:`read_special_tokens`), or ``None``
+    when there is none (the built-in format is then used).
 
     Raises:
         ValueError: a template that does not compile or render one audio placeholder; unreadable JSON.
@@ -153,13 +209,13 @@ def read_chat_template(model_dir: str | Path | None) -> ChatTemplate | None:
         if not p.is_file():
             continue
         if name.endswith(".jinja"):
-            return ChatTemplate(p.read_text(), name)
+            return ChatTemplate(p.read_text(), name, read_special_tokens(model_dir))
         try:
             value = json.loads(p.read_text()).get("chat_template")
         except (ValueError, AttributeError) as e:
             raise ValueError(f"{p}: not a JSON object: {e}") from None
         if isinstance(value, str) and value.strip():
-            return ChatTemplate(value, name)
+            return ChatTemplate(value, name, read_special_tokens(model_dir))
     return None
 
 

@@ -295,3 +295,21 @@ def test_with_auth_off_the_dashboard_is_open_like_the_api(stack, client):
     r = client.get("/admin")
     assert r.status_code == 200 and "anonymous (auth off)" in r.text
     assert client.get("/admin/login", follow_redirects=False).status_code == 303
+
+
+def test_a_transcript_of_random_weights_says_so_in_every_format(env):
+    """Random weights are visible on every route (issue 33 item 5): the jobs route's text formats carry the
+    X-Diarist-Random-Weights header, its JSON the field."""
+    svc = env["svc"]
+    tr = Transcript(duration=2.0, model="moss-td-dummy", speakers=["S01"], finish_reason="stop", random_weights=True,
+                    segments=[Segment(id=0, speaker="S01", start=0.0, end=1.0, text="noise")])
+    jid = add_job(svc, status="completed", queue="transcribe.short", duration_s=2.0, finished_at=datetime.now(UTC))
+    svc.store.put_bytes(f"jobs/{jid}/transcript-1.json", tr.model_dump_json().encode())
+    with svc.db.session() as s:
+        s.get(Job, jid).transcript_key = f"jobs/{jid}/transcript-1.json"
+    c = TestClient(env["app"])
+    hdr = {"Authorization": f"Bearer {env['admin'].token}"}
+    for fmt in ("json", "srt", "txt"):
+        r = c.get(f"/v1/jobs/{jid}/transcript", params={"format": fmt}, headers=hdr)
+        assert r.status_code == 200 and r.headers["x-diarist-random-weights"] == "true", (fmt, r.text)
+    assert c.get(f"/v1/jobs/{jid}/transcript", headers=hdr).json()["random_weights"] is True

@@ -61,6 +61,25 @@ def test_openai_route_on_the_engine(engine_client):
     assert r.status_code == 200 and "ask not" in r.text.lower()
 
 
+def test_openai_route_on_the_engine_honours_temperature_and_timestamp_granularities(engine_client):
+    """As the main API's route (issue 33 items 7, 20): nothing of either is accepted and ignored."""
+    from transcription.decode_quality import temperature_schedule
+
+    body = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+
+    def post(**data):
+        return engine_client.post("/v1/audio/transcriptions", files={"file": ("jfk.flac", body)},
+                                  data={"model": "whisper", "response_format": "verbose_json", **data})
+
+    r = post(**{"timestamp_granularities[]": "word", "temperature": "0.4"})
+    assert r.status_code == 200 and "segments" not in r.json() and r.json()["words"]
+    r = post(**{"timestamp_granularities[]": "segment", "temperature": "0.4"})
+    assert "words" not in r.json()
+    assert all(s["temperature"] in temperature_schedule(0.4) for s in r.json()["segments"])
+    bad = post(**{"timestamp_granularities[]": "phoneme"})
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request"
+
+
 def test_openai_route_on_the_engine_refuses_an_unknown_model_as_the_main_api_does(engine_client, client):
     """The same 422 ``unknown_model`` and message as the main API's route; a served name is taken (an empty
     upload then gets past the model check to the audio's own error)."""

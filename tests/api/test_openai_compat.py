@@ -121,3 +121,46 @@ def test_verbose_json_segments_carry_their_windows_scores(oai, jfk):
         assert isinstance(s["avg_logprob"], float) and s["avg_logprob"] < 0
         assert s["compression_ratio"] > 0 and s["temperature"] in TEMPERATURES
         assert s["no_speech_prob"] is None or 0.0 <= s["no_speech_prob"] <= 1.0
+
+
+def test_timestamp_granularities_are_honoured_or_refused(oai, jfk):
+    """``timestamp_granularities[]`` as the official client sends it (issue 33 item 20)."""
+    def verbose(**kw):
+        with jfk.open("rb") as f:
+            raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f,
+                                                                    response_format="verbose_json", **kw)
+        return json.loads(raw.http_response.text)
+
+    words = verbose(timestamp_granularities=["word"])
+    assert "segments" not in words and any(w["word"].strip(" ,.").lower() == "country" for w in words["words"])
+    assert all(0 <= w["start"] <= w["end"] <= 11.5 for w in words["words"])
+    segments = verbose(timestamp_granularities=["segment"])
+    assert "words" not in segments and segments["segments"][0]["start"] >= 0
+    both = verbose(timestamp_granularities=["word", "segment"])
+    assert both["words"] and both["segments"]
+    with pytest.raises(openai.UnprocessableEntityError) as e, jfk.open("rb") as f:
+        oai.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                        timestamp_granularities=["character"])
+    assert e.value.body["code"] == "invalid_request" and "character" in e.value.body["message"]
+    with pytest.raises(openai.UnprocessableEntityError) as e, jfk.open("rb") as f:
+        oai.audio.transcriptions.create(model="whisper-1", file=f, response_format="json",
+                                        timestamp_granularities=["word"])
+    assert e.value.body["code"] == "invalid_request" and "verbose_json" in e.value.body["message"]
+
+
+def test_temperature_is_the_first_decoding_temperature(oai, jfk):
+    """``temperature`` is honoured (issue 33 item 7): every window's first attempt samples at it (seeded), so
+    each segment's window temperature is on the ladder that starts there; out of range is a 422."""
+    from transcription.decode_quality import temperature_schedule
+
+    runs = []
+    for _ in range(2):
+        with jfk.open("rb") as f:
+            raw = oai.audio.transcriptions.with_raw_response.create(model="whisper-1", file=f, temperature=0.4,
+                                                                    response_format="verbose_json")
+        runs.append(json.loads(raw.http_response.text))
+    assert runs[0]["segments"] and all(s["temperature"] in temperature_schedule(0.4) for s in runs[0]["segments"])
+    assert runs[0]["text"] == runs[1]["text"]  # seeded: the same file gives the same transcript
+    with pytest.raises(openai.UnprocessableEntityError) as e, jfk.open("rb") as f:
+        oai.audio.transcriptions.create(model="whisper-1", file=f, temperature=1.5)
+    assert e.value.body["code"] == "invalid_request"

@@ -99,10 +99,13 @@ def test_options_from_json_keeps_the_job_options_and_checks_them():
     assert TranscribeOptions.from_json(opts.to_json(), admission_class="long") == opts
     assert set(opts.to_json()) <= set(OPTION_FIELDS)
     assert OPTION_FIELDS == ("language", "task", "prompt", "num_speakers", "min_speakers", "max_speakers",
-                             "multichannel")
+                             "multichannel", "temperature")
+    assert TranscribeOptions.from_json({"temperature": 0}).temperature == 0.0  # JSON's 0 for 0.0
     for bad, says in ([], "must be a JSON object"), ({"num_speakers": "2"}, "num_speakers must be an integer"), \
             ({"num_speakers": True}, "num_speakers must be an integer"), \
             ({"multichannel": 1}, "multichannel must be true or false"), ({"language": 3}, "language must be a string"), \
+            ({"temperature": "0.2"}, "temperature must be a number"), ({"temperature": 1.5}, "between 0 and 1"), \
+            ({"temperature": True}, "temperature must be a number"), \
             ({"max_speakers": 65}, "between 1 and 64"), ({"min_speakers": 3, "max_speakers": 2}, "min_speakers"), \
             ({"num_speakers": 3, "max_speakers": 2}, r"num_speakers must lie between min_speakers and max_speakers"):
         with pytest.raises(InvalidRequest, match=says) as e:

@@ -247,3 +247,28 @@ def test_openai_fields_of_a_budget_stop_and_a_warning():
     assert (data["finish_reason"], data["incomplete"], data["coverage"]) == ("length", True, 0.25)
     assert "budget" in data["incomplete_reason"]
     assert data["warnings"] == [{"code": "invalid_samples", "message": "3 replaced", "count": 3}]
+
+
+def test_timestamp_granularities_pick_verbose_jsons_lists_or_are_refused(t):
+    """OpenAI ``timestamp_granularities[]`` (issue 33 item 20): honoured in verbose_json, refused with a code
+    otherwise (an unknown value, another response_format, words from a model that times segments only)."""
+    from diarist.contract.errors import InvalidRequest
+    from diarist.formats import render_openai, timestamp_granularities
+
+    assert timestamp_granularities(None, "json", "whisper") is None
+    assert timestamp_granularities(["segment", "word", "word"], "verbose_json", "whisper") == ("word", "segment")
+    for values, fmt, family, code, says in (
+            (["char"], "verbose_json", "whisper", "invalid_request", "'char' is not one of word, segment"),
+            (["word"], "json", "whisper", "invalid_request", "verbose_json only"),
+            (["word"], "verbose_json", "moss-td", "unsupported_granularity", "times segments, not words")):
+        with pytest.raises(InvalidRequest, match=says) as e:
+            timestamp_granularities(values, fmt, family)
+        assert (e.value.code, e.value.status) == (code, 422)
+    assert timestamp_granularities(["segment"], "verbose_json", "moss-td") == ("segment",)
+    words = json.loads(render_openai(t, "verbose_json", ("word",))[0])
+    assert "segments" not in words and len(words["words"]) == sum(len(s.words) for s in t.segments) > 0
+    segments = json.loads(render_openai(t, "verbose_json", ("segment",))[0])
+    assert "words" not in segments and len(segments["segments"]) == len(t.segments)
+    both = json.loads(render_openai(t, "verbose_json", ("word", "segment"))[0])
+    assert both["words"] == words["words"] and both["segments"] == segments["segments"]
+    assert json.loads(render_openai(t, "verbose_json")[0]) == both  # nothing asked: as before

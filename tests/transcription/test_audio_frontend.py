@@ -52,8 +52,10 @@ def test_the_moss_transcriber_uses_the_official_frontend():
 
 
 def test_workers_decode_as_the_engines_family(monkeypatch, tmp_path):
-    """A worker decodes uploads for its engine server (engine_server/client.py) with that family's frontend."""
-    from engine_server.client import JobFailure
+    """A worker decodes uploads for its engine server (engine_server/client.py) with the frontend of the family
+    the engine says it serves (``GET /info``), whatever the worker's own DIARIST_MODEL says."""
+    from engine.config import FAMILIES
+    from engine_server.client import HttpEngineClient, JobFailure
     from transcription.audio import AudioError, decode
     from worker.engine_pool import engine_client
 
@@ -65,7 +67,10 @@ def test_workers_decode_as_the_engines_family(monkeypatch, tmp_path):
         raise AudioError("decode_failed", "stop here")
 
     monkeypatch.setattr(decode, "decode_audio", fake)
-    for family in ("moss-td", "whisper"):
+    for served in ("moss-td", "whisper"):
+        monkeypatch.setattr(HttpEngineClient, "info",
+                            lambda self, f=served: {"family": f, "frontend": FAMILIES[f].frontend})
         with pytest.raises(JobFailure):
-            engine_client(["http://127.0.0.1:9"], timeout_s=1, family=family).transcribe(tmp_path / "a.wav", {})
+            engine_client(["http://127.0.0.1:9"], timeout_s=1, expected_family="whisper").transcribe(
+                tmp_path / "a.wav", {})
     assert seen == [Frontend.LIBROSA, Frontend.FFMPEG]

@@ -25,6 +25,11 @@ from transcription.audio.samples import AudioError, DecodedAudio, Frontend
 
 Source = str | Path | bytes | BinaryIO
 
+SOUNDFILE_CONTAINERS = frozenset({"wav", "w64", "flac", "ogg", "mp3", "aiff", "au", "caf", "voc", "ircam",
+                                  "nistsphere"})
+"""FFmpeg demuxers of the formats libsndfile (soundfile, ``librosa.load``'s first backend) reads; any other
+audio file reaches ``librosa.load`` through audioread's FFmpeg as 16-bit samples (:class:`Frontend`)."""
+
 
 def _soxr_16k(samples: np.ndarray, rate: int) -> np.ndarray:
     """``[channels, n]`` float32 at ``rate`` -> ``[channels, ceil(n * 16000 / rate)]`` (soxr ``soxr_hq``)."""
@@ -131,14 +136,19 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
     with open_media(source) as container:
         stream = first_audio_stream(container)
         channels = stream.codec_context.channels or 1
-        layout = "mono" if ffmpeg and (mono or channels == 1) else None
+        # librosa on video: the official MOSS-TD code reads it through PyAV as FFmpeg-mixed 16-bit mono 16 kHz
+        video = not ffmpeg and mono and len(container.streams.video) > 0
+        # librosa on what libsndfile cannot read: audioread's FFmpeg gives librosa 16-bit samples
+        s16 = not ffmpeg and not video and container.format.name.split(",")[0] not in SOUNDFILE_CONTAINERS
+        layout = "mono" if (ffmpeg or video) and (mono or channels == 1) else None
         chunks: list[np.ndarray] = []
         rate = stream.codec_context.sample_rate or None
         nonfinite = values = 0
         try:
-            # librosa: no FFmpeg mixing or rate change, only the conversion to planar float
-            resampler = av.AudioResampler(format="fltp", layout=layout or stream.layout,
-                                          rate=SAMPLE_RATE if ffmpeg else rate)
+            # librosa (no video): no FFmpeg mixing or rate change, only the conversion of the sample format
+            resampler = av.AudioResampler(format="s16p" if s16 else "s16" if video else "fltp",
+                                          layout=layout or stream.layout,
+                                          rate=SAMPLE_RATE if ffmpeg or video else rate)
             for frame in container.decode(stream):
                 frame, bad, n = _finite_frame(frame)
                 nonfinite, values = nonfinite + bad, values + n
@@ -160,9 +170,11 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         samples = samples.astype(np.float32, copy=False)
         if samples.shape[1] == 0:
             raise no_samples()
+        if s16 or video:
+            samples /= 32768.0  # librosa's and the official video path's int16 -> float
         if ffmpeg:
             np.clip(samples, -1.0, 1.0, out=samples)
-        else:
+        elif not video:  # (video: FFmpeg gave mono 16 kHz already)
             if mono and samples.shape[0] > 1:
                 samples = samples.mean(axis=0, keepdims=True)
             samples = _soxr_16k(samples, int(rate or SAMPLE_RATE))

@@ -117,10 +117,14 @@ class Frontend(str, Enum):
     ``ffmpeg``: FFmpeg's downmix matrix and resampler (libswresample), as ``ffmpeg -ac 1 -ar 16000`` in
     openai-whisper's loader. Its stereo-to-mono matrix gives (L+R)/sqrt(2), 3 dB above the average.
 
-    ``librosa``: decode at the source rate, average the channels, resample each with soxr ``soxr_hq`` and
-    pad/trim to ``ceil(n * 16000 / rate)`` samples, no clipping: ``librosa.load`` and
-    ``transformers.audio_utils.load_audio`` (soundfile backend), which the official MOSS-TD code
-    (OpenMOSS ``inference_utils.load_audio_item``) reads every non-video file with.
+    ``librosa``: the official MOSS-TD code's loader (OpenMOSS ``inference_utils.load_audio_item``). A non-video
+    file: decode at the source rate, average the channels, resample each with soxr ``soxr_hq`` and pad/trim
+    to ``ceil(n * 16000 / rate)`` samples, no clipping: ``librosa.load`` and ``transformers.audio_utils
+    .load_audio`` (soundfile backend); a container libsndfile cannot read (m4a, mp4 audio, webm, ...;
+    :data:`transcription.audio.decode.SOUNDFILE_CONTAINERS`) reaches ``librosa.load`` through audioread's
+    FFmpeg, which hands over 16-bit samples, so those are rounded to 16 bits at the source rate first. A
+    container with a video stream: FFmpeg's downmix and resampler to 16-bit mono 16 kHz (the official code
+    reads video through PyAV so). docs/moss_td.md states what remains different and why.
     """
 
     FFMPEG = "ffmpeg"

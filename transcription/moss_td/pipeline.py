@@ -19,6 +19,7 @@ from engine.request import EventInbox, FinishReason, Sequence
 from engine.streaming import DeltaCoalescer, IncrementalDetokenizer
 from transcription.audio import DecodedAudio, Frontend
 from transcription.cancel import Canceled
+from transcription.decode_quality import temperature_schedule
 from transcription.errors import EngineError, Rejected
 from transcription.language import LanguageChoice
 from transcription.limits import WHISPER_MAX_DURATION_S
@@ -102,7 +103,8 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     if fixed_output_tokens is None and not fits(engine, len(wave), getattr(options, "prompt", None)):
         return transcribe_sections(engine, wave, options, on_event, should_cancel)
     budget = fixed_output_tokens or getattr(options, "max_new_tokens", None)
-    seq = build_moss_sequence(engine, wave, budget, getattr(options, "prompt", None))
+    temperatures = temperature_schedule(getattr(options, "temperature", None))
+    seq = build_moss_sequence(engine, wave, budget, getattr(options, "prompt", None), temperatures[0])
     seq.admission_class = getattr(options, "admission_class", "default")
     if fixed_output_tokens is not None:
         seq.ignore_eos, seq.stop_checker = True, None
@@ -136,7 +138,7 @@ def transcribe_moss(engine: Engine, wave: np.ndarray, options: Any, on_event: Ev
     resumed = None
     if seq.finish_reason == FinishReason.REPETITION and fixed_output_tokens is None:
         resumed = resume_after_loops(engine, seq, wave, lambda: moss_guard(engine.tokenizer, duration),
-                                     should_cancel)
+                                     should_cancel, temperatures=temperatures[1:])
     errors = [s for s in (resumed.sequences if resumed else [seq]) if s.finish_reason == FinishReason.ERROR]
     if errors:
         raise EngineError(errors[0].error or "engine step failed")
@@ -204,6 +206,9 @@ class MossTdPipeline:
             except Canceled:  # the VAD stopped between its blocks: the caller wants no result
                 speech = vad_s = None
         result["model"] = self.model_name
+        # what the engine assumed at load (no marker interval stated by the folder) goes with every result
+        result["warnings"] = [*(dict(w) for w in self.engine.loaded.info.get("result_warnings", [])),
+                              *result.get("warnings", [])]
         result.update(LanguageChoice(opts.language, "requested" if opts.language else None).result_fields())
         result["family"] = self.family
         if result["finish_reason"] != FinishReason.ABORT.value and speech is not None:

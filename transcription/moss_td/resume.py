@@ -5,8 +5,8 @@ would end the transcript there. Instead the output is cut after its last complet
 (``[start][Sxx]text[end]``) before the loop, and decoding continues from there: a new sequence whose
 prompt is the original prompt plus those tokens (the audio and its tokens unchanged), with the output
 budget the request has left. Greedy decoding from the same tokens would walk into the same loop, so
-continuations sample at the temperatures of ``transcription.decode_quality`` after 0 (0.2, 0.4, ... 1.0,
-fixed seed), one per resume, until one ends without a loop, the budget left is too small, or the
+continuations sample at the temperatures of ``transcription.decode_quality`` after the first decode's (0.2,
+0.4, ... 1.0 after greedy; from a request's ``temperature`` + 0.2 up; fixed seed), one per resume, until one ends without a loop, the budget left is too small, or the
 temperatures are spent. The transcript keeps the last cut plus what the last continuation added (when
 that still looped: up to its last complete segment).
 """
@@ -78,7 +78,8 @@ def _reason(seq: Sequence) -> str | None:
 
 def resume_after_loops(engine: Engine, first: Sequence, wave: np.ndarray, make_guard: Callable[[], object],
                        should_cancel: Callable[[], bool] | None = None,
-                       on_event: Callable[[Sequence, str, object], None] | None = None) -> Resumed:
+                       on_event: Callable[[Sequence, str, object], None] | None = None,
+                       temperatures: tuple[float, ...] = RESUME_TEMPERATURES) -> Resumed:
     """Continue ``first`` (finished) after each loop stop, as the module docstring says.
 
     Args:
@@ -86,10 +87,12 @@ def resume_after_loops(engine: Engine, first: Sequence, wave: np.ndarray, make_g
         wave: its audio (float32 ``[n]`` 16 kHz), fed again with every continuation's prompt.
         make_guard: a new loop guard for a continuation (``RepetitionGuard`` with the request's settings).
         on_event: the listener each continuation streams through.
+        temperatures: one continuation's temperature per resume, in turn (after ``first``'s:
+            ``temperature_schedule(t)[1:]``).
     """
     out = Resumed(_kept(first), first.finish_reason, _reason(first), [first])
     budget = first.max_new_tokens
-    for temperature in RESUME_TEMPERATURES:
+    for temperature in temperatures:
         if out.finish_reason != FinishReason.REPETITION or (should_cancel is not None and should_cancel()):
             break
         n = complete_prefix(engine.tokenizer, out.output_ids)

@@ -154,10 +154,12 @@ def transcribe_sections(engine, wave: np.ndarray, options, on_event, should_canc
     prompt = getattr(options, "prompt", None)
     plan = plan_sections(wave, longest_section_s(engine, prompt), detect_speech(wave, segmentation=False))
     asked = getattr(options, "max_new_tokens", None)
+    temperature = getattr(options, "temperature", None)
     seqs = []
     for a, b in plan:
         budget = None if asked is None else max(1, math.ceil(asked * (b - a) / duration))
-        seq = build_moss_sequence(engine, wave[round(a * SAMPLE_RATE) : round(b * SAMPLE_RATE)], budget, prompt)
+        seq = build_moss_sequence(engine, wave[round(a * SAMPLE_RATE) : round(b * SAMPLE_RATE)], budget, prompt,
+                                  temperature)
         seq.admission_class = getattr(options, "admission_class", "default")
         seqs.append(seq)
     if on_event:

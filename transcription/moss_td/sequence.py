@@ -18,6 +18,8 @@ import torch
 from engine.models.mel import SAMPLE_RATE
 from engine.models.moss_td_prompt import build_prompt
 from engine.request import RequestRejected, Sequence
+from engine.sampling import GREEDY, SamplingParams
+from transcription.decode_quality import FALLBACK_SEED
 from transcription.limits import default_budget
 from transcription.repetition import RepetitionGuard
 
@@ -74,13 +76,15 @@ def moss_guard(tokenizer, duration: float) -> RepetitionGuard:
 
 
 def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = None,
-                        prompt: str | None = None) -> Sequence:
+                        prompt: str | None = None, temperature: float | None = None) -> Sequence:
     """A MOSS-TD request for ``engine``.
 
     Args:
         wave: float32 ``[n]`` mono 16 kHz samples (the whole recording: one request, one context).
         max_new_tokens: output budget (tokens); ``None`` uses :func:`default_budget`.
         prompt: instruction text; ``None``/empty uses the released default instruction.
+        temperature: ``None`` or 0: greedy, as the official code decodes; > 0: sampled at it with the
+            fixed seed :data:`transcription.decode_quality.FALLBACK_SEED` (a request's ``temperature``).
     Returns:
         A :class:`Sequence` to ``engine.submit``; its ``stop_checker`` is a :class:`RepetitionGuard` and
         ``mm_state["duration_s"]`` the audio duration.
@@ -111,8 +115,6 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
         budget = default_budget(duration, rules.max_new_tokens if rules is not None else None)
     else:
         budget = int(max_new_tokens)
-    if rules is not None and rules.max_length is not None:  # HF max_length counts prompt + output tokens
-        left = min(left, rules.max_length - len(p.ids))
     budget = max(1, min(budget, left))
     need = len(p.ids) + budget
     slots = engine.allocator.num_slots
@@ -124,7 +126,8 @@ def build_moss_sequence(engine, wave: np.ndarray, max_new_tokens: int | None = N
                            f"holds {slots} tokens = {slots * per / GiB:.2f} GiB; give the engine more KV "
                            f"memory or set a smaller max_new_tokens")
     guard = moss_guard(engine.tokenizer, duration)
-    return Sequence(prompt_ids=p.ids, max_new_tokens=budget,
+    sampling = SamplingParams(temperature=temperature, seed=FALLBACK_SEED) if temperature else GREEDY
+    return Sequence(prompt_ids=p.ids, max_new_tokens=budget, sampling=sampling,
                     stop_token_ids=tuple(info.get("eos_token_ids", (151645,))),
                     mm_inputs={"audio": torch.from_numpy(wave)}, stop_checker=guard,
                     mm_state={"duration_s": duration, "num_audio_tokens": p.num_audio,

@@ -22,6 +22,7 @@ from engine.request import EventInbox, FinishReason, Sequence
 from engine.sampling import SamplingParams
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, log_mel_spectrogram
 from transcription.cancel import Canceled
+from transcription.decode_quality import temperature_schedule
 from transcription.errors import EngineError
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
@@ -206,7 +207,8 @@ class WhisperPipeline:
             return segs
 
         return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence, self.segments.cut_at_word)
+                             speech, on_event, vad_confidence, self.segments.cut_at_word,
+                             temperature_schedule(opts.temperature))
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
                  opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None

@@ -128,6 +128,8 @@ class WindowDecoder:
             ``new_sequence`` gets ``cut=True`` for such windows so their attempts can keep what it needs.
         on_event: receives ``started``, then ``delta`` and ``segment`` events in time order; a window's text
             is sent once its decode is final (streamed text cannot be taken back after a fallback).
+        temperatures: each attempt's sampling temperature, in turn
+            (:func:`transcription.decode_quality.temperature_schedule` of the request's ``temperature``).
     """
 
     def __init__(self, engine: Engine, tokens: WhisperTokens, decode: Callable[[list[int]], str],
@@ -136,8 +138,9 @@ class WindowDecoder:
                  on_event: EventFn | None = None,
                  vad_confidence: Callable[[float, float], float | None] | None = None,
                  word_cut: Callable[[Sequence, list[int], Window, float], tuple[list[int], float] | None]
-                 | None = None) -> None:
+                 | None = None, temperatures: tuple[float, ...] = TEMPERATURES) -> None:
         self.engine = engine
+        self.temperatures = temperatures
         self.t = tokens
         self.decode = decode
         self.new_sequence = new_sequence
@@ -223,7 +226,7 @@ class WindowDecoder:
             self._start(group, resumes)
 
     def _submit(self, task: _Task, attempt: int) -> None:
-        params = SamplingParams(temperature=TEMPERATURES[attempt], seed=FALLBACK_SEED, logprobs=True)
+        params = SamplingParams(temperature=self.temperatures[attempt], seed=FALLBACK_SEED, logprobs=True)
         seq = self.new_sequence(task.window, params, task.cut)
         seq.on_event = self._listener
         task.seq = seq
@@ -247,7 +250,7 @@ class WindowDecoder:
     def _finished(self, task: _Task, seq: Sequence) -> None:
         q = self._assess(seq, task.window)
         task.attempts.append((seq, q))
-        if q.failed and len(task.attempts) < len(TEMPERATURES):
+        if q.failed and len(task.attempts) < len(self.temperatures):
             seq.mm_state.pop("encoder", None)  # a discarded attempt's encoder output is not needed
             self._submit(task, len(task.attempts))
             return

@@ -49,12 +49,31 @@ def test_missing_processor_config_warns_and_every_record_states_the_interval(bar
     with caplog.at_level(logging.WARNING, logger="diarist.engine"):
         eng = engine_for(bare)
     warned = [r.getMessage() for r in caplog.records if "time_marker_every_seconds" in r.getMessage()]
-    assert len(warned) == 1 and "default of 2 s" in warned[0] and "DIARIST_MOSS_MARKER_INTERVAL_S" in warned[0]
+    assert len(warned) == 1 and "every 2 s (the processor code's default)" in warned[0]
+    assert "DIARIST_MOSS_MARKER_INTERVAL_S" in warned[0]
     st = eng.stats()
     assert st["marker_interval_s"] == 2 and st["marker_interval_source"] == "default"
     res = transcribe_moss(eng, make_audio(6, 1), Opts(), None)
     assert res["marker_interval_s"] == 2
     assert Transcript.from_engine_json({**res, "model": "m"}).marker_interval_s == 2.0
+
+
+def test_an_assumed_marker_interval_is_a_warning_of_every_result(bare, reference, tmp_path):
+    """Not only a load-log line: the result's warnings say the interval was assumed, and which (item 3)."""
+    from transcription.audio import DecodedAudio
+    from transcription.transcriber import TranscribeOptions, Transcriber
+
+    opts = TranscribeOptions(max_new_tokens=4)
+    audio = DecodedAudio(make_audio(6, 1)[None], 16_000, 1, "pcm_f32le", "wav")
+    res = Transcriber(engine_for(bare)).transcribe(audio, opts).to_json()
+    assumed = [w for w in res["warnings"] if w["code"] == "marker_interval_assumed"]
+    assert len(assumed) == 1 and "every 2 s" in assumed[0]["message"]
+    assert "processor_config.json" in assumed[0]["message"]
+    t = Transcript.from_engine_json(res)
+    assert any(w.code == "marker_interval_assumed" for w in t.warnings)
+    five = reference.write_checkpoint(tmp_path / "five", shards=1, marker_every_s=5)
+    stated = Transcriber(engine_for(five)).transcribe(audio, opts).to_json()
+    assert not [w for w in stated["warnings"] if w["code"] == "marker_interval_assumed"]
 
 
 def test_setting_sets_the_interval_and_wins_over_the_folder(reference, tmp_path, caplog):
@@ -154,6 +173,49 @@ def test_checkpoint_max_new_tokens_lowers_only_the_short_clip_floor(penalized, r
     assert build_moss_sequence(small, make_audio(6, 1), max_new_tokens=7).max_new_tokens == 7
 
 
+def test_request_budget_wins_over_max_length_as_in_the_official_generate(reference, tmp_path):
+    """HF ``generate`` lets ``max_new_tokens`` win over the config's ``max_length`` (issue 33 item 1)."""
+    path = reference.write_checkpoint(tmp_path / "maxlen", shards=1, marker_every_s=5)
+    (path / "generation_config.json").write_text(json.dumps({"max_length": 97, "eos_token_id": 151645}))
+    eng = engine_for(path, kv_budget_bytes=64 << 20)
+    wave = make_audio(30, 1)
+    seq = _fixed(eng, wave, 48)
+    assert seq.prompt_len > 97 and seq.max_new_tokens == 48
+    eng.generate([seq])
+    assert seq.output_ids == _official_greedy(reference, path, seq.prompt_ids, wave, 48)
+    # without a request budget the default one applies (10 tokens per second), not what max_length leaves
+    assert build_moss_sequence(eng, make_audio(120, 2)).max_new_tokens == 1200
+
+
+def test_generation_config_with_every_default_field_loads(reference, tmp_path):
+    """A config transformers wrote with every field at its default (``use_diff=False``) loads: no-op values
+    are accepted; the budget and the EOS it states apply (issue 33 item 2)."""
+    from transformers import GenerationConfig
+
+    path = reference.write_checkpoint(tmp_path / "full", shards=1, marker_every_s=5)
+    GenerationConfig(max_new_tokens=100, eos_token_id=151645).to_json_file(path / "generation_config.json",
+                                                                           use_diff=False)
+    full = json.loads((path / "generation_config.json").read_text())
+    assert len(full) > 60  # every field, at its default
+    eng = engine_for(path)
+    assert eng.stats()["generation"]["max_new_tokens"] == 100
+    assert build_moss_sequence(eng, make_audio(6, 1)).max_new_tokens == 100
+    # transformers 4.x writes its neutral values, not None
+    v4 = {**full, "max_length": 20, "min_length": 0, "num_beams": 1, "num_beam_groups": 1, "do_sample": False,
+          "temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
+          "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "no_repeat_ngram_size": 0,
+          "encoder_no_repeat_ngram_size": 0, "renormalize_logits": False, "remove_invalid_values": False,
+          "token_healing": False, "num_return_sequences": 1, "is_assistant": False, "num_assistant_tokens": 20,
+          "num_assistant_tokens_schedule": "constant", "assistant_confidence_threshold": 0.4,
+          "assistant_lookbehind": 10, "target_lookbehind": 10, "return_legacy_cache": True, "use_cache": True,
+          "generation_kwargs": {}, "forced_decoder_ids": None, "constraints": None, "force_words_ids": None}
+    (path / "generation_config.json").write_text(json.dumps(v4))
+    assert build_moss_sequence(engine_for(path), make_audio(6, 1)).max_new_tokens == 100
+    (path / "generation_config.json").write_text(json.dumps({**full, "force_words_ids": [[5]]}))
+    with pytest.raises(CheckpointError, match=r"force_words_ids=\[\[5\]\]"):
+        engine_for(path)
+
+
 @pytest.mark.parametrize(("fields", "named"), [
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
     ({"num_beams": 4}, "num_beams=4"),
@@ -233,6 +295,35 @@ def test_chat_template_from_the_folder(reference, tmp_path, where):
     (path / where).unlink()
     (path / "chat_template.jinja").write_text(QWEN_STYLE)  # the released format as a template: same ids
     assert build_moss_sequence(engine_for(path), wave, prompt="Transcribe.").prompt_ids == builtin
+
+
+def test_chat_template_sees_the_tokenizers_special_tokens_as_transformers_renders_it(reference, tmp_path):
+    """``eos_token``, ``bos_token``, ... are template variables, as ``apply_chat_template`` passes them
+    (issue 33 item 4): from tokenizer_config.json, overridden by special_tokens_map.json; unset ones undefined."""
+    from transformers import PreTrainedTokenizerFast
+
+    path = reference.write_checkpoint(tmp_path / "special", shards=1, marker_every_s=5)
+    template = (QWEN_STYLE.replace("'<|im_end|>\\n'", "eos_token + '\\n'")
+                .replace("{% for message in messages %}",
+                         "{{ bos_token | default('') }}{% for message in messages %}[{{ pad_token }}]", 1))
+    assert template.count("eos_token") == 2
+    (path / "chat_template.jinja").write_text(template)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "unk_token": None,
+        "eos_token": {"__type": "AddedToken", "content": "<|im_end|>", "lstrip": False, "rstrip": False, "normalized": False,
+                      "single_word": False, "special": True}, "pad_token": "<|im_start|>"}))
+    (path / "special_tokens_map.json").write_text(json.dumps({"pad_token": "<|endoftext|>"}))
+    eng = engine_for(path)
+    wave = make_audio(30, 1)
+    seq = build_moss_sequence(eng, wave, prompt="Transcribe.")
+    hf = PreTrainedTokenizerFast.from_pretrained(str(path))
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": "a.wav"},
+                                             {"type": "text", "text": "Transcribe."}]}]
+    rendered = hf.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    assert "<|im_end|>" in rendered and rendered.startswith("[<|endoftext|>]")
+    before, after = (eng.tokenizer.encode(t) for t in rendered.split("<|audio_pad|>"))
+    span = audio_span_ids(seq.mm_state["num_audio_tokens"], 151671, list(range(15, 25)), 5)
+    assert seq.prompt_ids == before + span + after
 
 
 def test_without_a_template_the_built_in_format_is_used(bare):

@@ -87,3 +87,35 @@ def test_result_parses_segments_clamps_ends_and_reports_coverage(engine):
     res = moss_result(seq, tok, 10.0)
     assert res["finish_reason"] == "length" and res["segments"][-1]["end"] is None
     assert res["coverage"] == pytest.approx(0.24)
+
+
+def test_a_requested_temperature_samples_the_first_decode_seeded_and_resumes_hotter(engine, monkeypatch):
+    """OpenAI's ``temperature`` is honoured (issue 33 item 7): the first decode samples at it with the fixed
+    seed (the same file, the same transcript), loop resumes go on from there; unset stays greedy."""
+    from engine.sampling import GREEDY, SamplingParams
+    from transcription.decode_quality import FALLBACK_SEED
+    from transcription.moss_td import pipeline
+
+    assert build_moss_sequence(engine, _noise(3)).sampling == GREEDY
+    seq = build_moss_sequence(engine, _noise(3), temperature=0.4)
+    assert seq.sampling == SamplingParams(temperature=0.4, seed=FALLBACK_SEED)
+    submitted, resumed = [], {}
+    real_submit = engine.submit
+    monkeypatch.setattr(engine, "submit", lambda s: (submitted.append(s), real_submit(s))[1])
+
+    def fake_resume(eng, first, wave, make_guard, should_cancel=None, on_event=None, temperatures=()):
+        resumed["temperatures"] = temperatures
+        raise AssertionError("stop here")
+
+    monkeypatch.setattr(pipeline, "resume_after_loops", fake_resume)
+
+    class Opts:
+        max_new_tokens, prompt, temperature = 24, None, 0.4
+
+    try:
+        res = pipeline.transcribe_moss(engine, _noise(3, 1), Opts(), None)
+    except AssertionError:  # the sampled decode looped: the resume was asked for with the hotter ladder
+        assert resumed["temperatures"] == (0.6, 0.8, 1.0)
+    else:
+        assert res["finish_reason"] in {"stop", "length"}
+    assert submitted[0].sampling == SamplingParams(temperature=0.4, seed=FALLBACK_SEED)

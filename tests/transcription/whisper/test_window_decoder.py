@@ -221,3 +221,25 @@ def test_events_arrive_in_time_order_and_spell_the_transcript():
     starts = [p["start"] for k, p in events if k == "segment"]
     assert starts == sorted(starts) and len(starts) == sum(len(r.segments) for r in results)
     assert " ".join("".join(p["text"] for k, p in events if k == "delta").split()) == " ".join(words)
+
+
+def test_a_requested_temperature_starts_the_fallback_ladder():
+    """OpenAI's ``temperature`` is the first attempt's, the ladder goes on 0.2 hotter from there, as
+    openai-whisper's ``--temperature`` (issue 33 item 7)."""
+    from transcription.decode_quality import temperature_schedule
+
+    assert temperature_schedule() == TEMPERATURES == temperature_schedule(0) == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert temperature_schedule(0.3) == (0.3, 0.5, 0.7, 0.9) and temperature_schedule(1.0) == (1.0,)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        temperature_schedule(1.2)
+    n = 40
+    eng = FakeEngine(Script(n, loop=lambda w, temp: 6 if temp < 0.5 else None), [(0.0, 20.0)])
+    dec = WindowDecoder(eng, T, decode_ids, lambda w, sampling, cut: Sequence(
+        prompt_ids=[T.sot], max_new_tokens=200, stop_token_ids=(T.eot,), sampling=sampling,
+        stop_checker=RepetitionGuard(None, min_span=48, canonical=lambda t: min(T.timestamp_begin, t)), tag=w),
+        lambda r: [{"start": r.window.start + x.start, "end": r.window.start + x.end,
+                    "text": decode_ids(x.token_ids)} for x in split_segments(T, r.output_ids, r.window.duration)],
+        [(0.0, 20.0)], temperatures=temperature_schedule(0.4))
+    (r,) = dec.run(pack_windows([(0.0, 20.0)]))
+    assert [s.sampling.temperature for s in eng.submitted] == [0.4, 0.6]
+    assert r.status == "ok" and r.quality.temperature == 0.6
