@@ -7,7 +7,7 @@ answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta}
 ``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
 as OpenAI does; MOSS-TD's as each segment completes, the cascade's after diarization), then
 ``transcript.text.done`` {text}. Extra form fields (``num_speakers``, ``min_speakers``, ``max_speakers``,
-``task``) pass through; OpenAI-only fields we cannot honour are ignored.
+``task``, ``speaker_profiles``) pass through; OpenAI-only fields we cannot honour are ignored.
 A translation is a transcription with ``task=translate`` (multilingual Whisper only).
 Every JSON shape and the final stream event carry ``finish_reason``, ``incomplete``,
 ``incomplete_reason``, ``coverage`` and ``warnings`` as extra fields, and every answer carries them as
@@ -54,6 +54,8 @@ PromptForm = Annotated[str | None, Form(max_length=2000)]
 FormatForm = Annotated[OpenAIFormat, Form()]
 TemperatureForm = Annotated[float | None, Form(ge=0, le=1)]
 SpeakersForm = Annotated[int | None, Form(ge=1, le=MAX_SPEAKERS)]
+ProfilesForm = Annotated[str | None, Form(max_length=8000, description="`all`, or voice profile ids "
+                                          "(comma-separated or a JSON list): name known speakers")]
 
 SYNC_ERRORS = {**ERRORS, 504: {"model": ErrorResponse}}  # 504 timeout: the wait passed sync_timeout_s
 # A failed job's code → HTTP status of the synchronous answer.
@@ -123,7 +125,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
     if fmt == "diarized_json":
         for s in t.segments[live:]:  # the rest, from the stored transcript
             yield _sse({"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
-                        "speaker": s.speaker or "unknown", "text": s.text})
+                        "speaker": t.display(s.speaker) or "unknown", "text": s.text})
     yield _sse(openai_done_event(t))
 
 
@@ -143,6 +145,7 @@ async def create_transcription(
     min_speakers: SpeakersForm = None,
     max_speakers: SpeakersForm = None,
     task: Annotated[Literal["transcribe", "translate"] | None, Form()] = None,
+    speaker_profiles: ProfilesForm = None,
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
 
@@ -155,7 +158,8 @@ async def create_transcription(
     check_one_file(await request.form())  # the form FastAPI parsed for the parameters above
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
-                          min_speakers=min_speakers, max_speakers=max_speakers, task=task)
+                          min_speakers=min_speakers, max_speakers=max_speakers, task=task,
+                          speaker_profiles=speaker_profiles)
     except ValidationError as e:
         raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
     if (why := await run_in_threadpool(engine_unavailable, request)) is not None:
@@ -197,8 +201,10 @@ async def create_translation(
     num_speakers: SpeakersForm = None,
     min_speakers: SpeakersForm = None,
     max_speakers: SpeakersForm = None,
+    speaker_profiles: ProfilesForm = None,
 ) -> Response:
     """English text of speech in any language: a transcription with ``task=translate`` (422
     ``unsupported_task`` on an English-only model). verbose_json's ``language`` is the speech's language."""
     return await create_transcription(request, services, principal, file, model, None, prompt, response_format, temperature,
-                                      False, num_speakers, min_speakers, max_speakers, task="translate")
+                                      False, num_speakers, min_speakers, max_speakers, task="translate",
+                                      speaker_profiles=speaker_profiles)
