@@ -130,7 +130,7 @@ class Transcriber:
         if not opts.multichannel and result.get("finish_reason") != "abort":
             # every family's speakers get a voice vector, for known-speaker identification by the service
             t_voice = time.perf_counter()
-            voices = speaker_embeddings(audio.mono, result_spans(result), device=cascade_device(self.engine),
+            voices = speaker_embeddings(audio.mono, result_spans(result, audio.duration), device=cascade_device(self.engine),
                                         should_cancel=should_cancel)
             result["speaker_embeddings"] = [v.to_json() for v in voices]
             result.setdefault("metrics", {})["speaker_embedding_s"] = time.perf_counter() - t_voice

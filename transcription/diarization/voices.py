@@ -133,17 +133,24 @@ def speaker_embeddings(wave: np.ndarray, spans: dict[Any, list[Span]], embedder:
     return out
 
 
-def result_spans(result: dict[str, Any]) -> dict[Any, list[Span]]:
+def result_spans(result: dict[str, Any], duration: float) -> dict[Any, list[Span]]:
     """Speaker -> spans of a pipeline result (its JSON form): the diarization's ``turns`` when it has them,
     else the segments' (MOSS-TD labels speakers in its segments only); speakers in first-appearance order.
-    Segments without a speaker or without both times are left out."""
-    items = result.get("turns") or result.get("segments") or []
+
+    An unterminated segment (``end`` ``None``: MOSS-TD's last one, cut by the budget) runs to the next
+    segment's start, else to ``duration`` (seconds), as ``diarist.transcript`` closes it. Items without a
+    speaker or a start are left out.
+    """
+    items = sorted((x for x in (result.get("turns") or result.get("segments") or []) if x.get("start") is not None),
+                   key=lambda x: x["start"])
     spans: dict[Any, list[Span]] = {}
-    for x in items:
-        spk, s, e = x.get("speaker"), x.get("start"), x.get("end")
-        if spk is None or s is None or e is None:
+    for i, x in enumerate(items):
+        if x.get("speaker") is None:
             continue
-        spans.setdefault(spk, []).append((float(s), float(e)))
+        end = x.get("end")
+        if end is None:
+            end = items[i + 1]["start"] if i + 1 < len(items) else duration
+        spans.setdefault(x["speaker"], []).append((float(x["start"]), float(end)))
     return spans
 
 

@@ -29,9 +29,11 @@ def test_spans_come_from_turns_else_from_segments():
     turns = [{"speaker": 0, "start": 0.0, "end": 2.0}, {"speaker": 1, "start": 2.0, "end": 3.0}]
     segs = [{"speaker": "S02", "start": 1.0, "end": 2.5, "text": "a"}, {"speaker": None, "start": 3, "end": 4},
             {"speaker": "S01", "start": 4.0, "end": None, "text": "b"}, {"speaker": "S02", "start": 5, "end": 6}]
-    assert result_spans({"turns": turns, "segments": segs}) == {0: [(0.0, 2.0)], 1: [(2.0, 3.0)]}
-    # MOSS-TD: no turns, the segments' own labels (an unterminated segment is left out)
-    assert result_spans({"turns": None, "segments": segs}) == {"S02": [(1.0, 2.5), (5.0, 6.0)]}
+    assert result_spans({"turns": turns, "segments": segs}, 10.0) == {0: [(0.0, 2.0)], 1: [(2.0, 3.0)]}
+    # MOSS-TD: no turns, the segments' own labels; an unterminated segment runs to the next one's start
+    assert result_spans({"turns": None, "segments": segs}, 10.0) == {"S02": [(1.0, 2.5), (5.0, 6.0)],
+                                                                      "S01": [(4.0, 5.0)]}
+    assert result_spans({"segments": segs[:3]}, 10.0)["S01"] == [(4.0, 10.0)]  # the last: to the end
 
 
 def test_windows_are_solo_bounded_and_capped():
