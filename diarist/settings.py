@@ -254,7 +254,7 @@ class Settings(EnvSettings):
 
     # -- known speakers (diarist/speakers.py; docs/service.md, Known speakers) ---------------------------------
     speaker_match_threshold: float = Field(
-        0.48, ge=-1.0, le=1.0, description="Cosine similarity at or above which a speaker's voice takes a voice "
+        0.5, ge=-1.0, le=1.0, description="Cosine similarity at or above which a speaker's voice takes a voice "
         "profile's name (one-to-one); below it the speaker stays unnamed. Chosen on "
         "benchmarks/bench_speaker_id.py (benchmarks/results/speaker_id_cpu.json).")
     max_speaker_profiles: int = Field(1000, ge=0, description="Voice profiles one API key may hold; one more "

@@ -12,7 +12,8 @@ speaker's speech); a profile's vector is the speech-weighted mean of its samples
 3. keep the pairs that score at or above the threshold: a voice below it stays unnamed (never forced).
 
 The threshold is ``Settings.speaker_match_threshold``; its default was chosen on
-``benchmarks/bench_speaker_id.py`` (result file ``benchmarks/results/speaker_id_cpu.json``).
+``benchmarks/bench_speaker_id.py`` (result file ``benchmarks/results/speaker_id_cpu.json``, rule and numbers
+in docs/service.md, Known speakers).
 """
 
 from __future__ import annotations
