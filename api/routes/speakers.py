@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
 from api import intake
 from api.deps import JobId, Principal, PrincipalDep, ServicesDep, load_job
@@ -77,6 +78,14 @@ class ProfileFromJob(BaseModel):
     name: str | None = Field(None, max_length=vp.NAME_MAX)
     job_id: str | None = Field(None, max_length=64)
     speaker: str | None = Field(None, max_length=16, description="the job's label, e.g. `S02`")
+
+
+SAMPLE_BODY = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {"type": "object", "properties": {
+        "name": {"type": "string"}, "file": {"type": "array", "items": {"type": "string", "format": "binary"}}}}},
+    "application/json": {"schema": ProfileFromJob.model_json_schema()},
+}}}
+"""The two bodies the profile routes read themselves (:func:`_read`): clips, or a job's speaker."""
 
 
 class Deleted(BaseModel):
@@ -174,7 +183,11 @@ async def _read(request: Request) -> tuple[dict[str, Any], list[UploadFile], Any
     Raises 415 ``unsupported_media_type``, 422 ``invalid_request``."""
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "multipart/form-data":
-        form = await request.form(max_files=MAX_SAMPLE_FILES + 1, max_fields=8)
+        try:
+            form = await request.form(max_files=MAX_SAMPLE_FILES, max_fields=8)
+        except HTTPException as e:  # Starlette's limits ("Too many files", "Too many fields") or a bad body
+            code = "too_many_files" if "files" in str(e.detail) else "invalid_request"
+            raise ApiError(422, code, f"multipart body refused: {e.detail}") from None
         uploads = [v for k, v in form.multi_items() if k == "file" and isinstance(v, UploadFile)]
         fields = {k: v for k, v in form.items() if isinstance(v, str)}
         unknown = set(fields) - {"name"}
@@ -212,7 +225,7 @@ def _out(services: Services, principal: Principal, profile_id: str) -> ProfileOu
 
 # -- routes -----------------------------------------------------------------------------------------------
 @router.post("/v1/speakers", status_code=201, response_model=ProfileOut, responses=SPEAKER_ERRORS,
-             summary="Create a voice profile from uploaded clips or from a speaker of a finished job")
+             openapi_extra=SAMPLE_BODY, summary="Create a voice profile from uploaded clips or from a speaker of a finished job")
 async def create_profile(request: Request, services: ServicesDep, principal: PrincipalDep) -> JSONResponse:
     """multipart ``name`` + one or more ``file`` clips of one talker (``speaker_sample_min_speech_s`` of speech
     in all), or JSON ``{"name", "job_id", "speaker"}``. 201 with the profile."""
@@ -245,7 +258,7 @@ def get_profile(profile_id: ProfileId, services: ServicesDep, principal: Princip
 
 
 @router.patch("/v1/speakers/{profile_id}", response_model=ProfileOut, responses=SPEAKER_ERRORS,
-              summary="Rename a voice profile and/or add samples to it")
+              openapi_extra=SAMPLE_BODY, summary="Rename a voice profile and/or add samples to it")
 async def update_profile(profile_id: ProfileId, request: Request, services: ServicesDep,
                          principal: PrincipalDep) -> ProfileOut:
     """JSON ``{"name"?, "job_id"?, "speaker"?}`` or multipart ``name``? + ``file`` clips: a new name (409

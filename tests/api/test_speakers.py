@@ -119,6 +119,30 @@ def test_profile_from_a_job_speaker_and_naming_after_the_fact(client, stack):
     assert r.status_code == 200 and r.json()["name"] == "Jack Kennedy"
     assert client.patch(f"/v1/speakers/{saved}", json={"name": "JFK"}).json()["error"]["code"] == "duplicate_name"
     _deleted_with_its_samples(client, stack, saved)
+    # deleting the job deletes its speakers' voices with its audio and transcript
+    from diarist.storage import ObjectNotFound
+    from diarist.voice_profiles import voices_key
+
+    assert stack.services.store.get_bytes(voices_key(job["id"]))
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 200
+    with pytest.raises(ObjectNotFound):
+        stack.services.store.get_bytes(voices_key(job["id"]))
+
+
+def test_a_job_that_is_not_completed_has_no_speakers_yet(client, stack):
+    from datetime import UTC, datetime, timedelta
+
+    from diarist.models import Job
+
+    with stack.services.db.session() as s:
+        job = Job(status="processing", owner_key="", duration_s=5.0,
+                  lease_expires_at=datetime.now(UTC) + timedelta(hours=1))
+        s.add(job)
+    for r in (client.post("/v1/speakers", json={"name": "Early", "job_id": job.id, "speaker": "S01"}),
+              client.patch(f"/v1/jobs/{job.id}/speakers", json={"S01": "Early"})):
+        assert (r.status_code, r.json()["error"]["code"]) == (409, "not_ready")
+    with stack.services.db.session() as s:
+        s.delete(s.get(Job, job.id))
 
 
 def _deleted_with_its_samples(client, stack, pid: str) -> None:
@@ -190,6 +214,9 @@ def test_every_route_is_tenant_isolated(app_with, stack):
         assert r.status_code == 404
         r = c.post("/v1/jobs", files={"file": ("a.wav", wav_bytes(1.0))}, data={"speaker_profiles": pid},
                    headers=who)
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "unknown_profile")
+        r = c.post("/v1/audio/transcriptions", data={"model": "whisper-1", "speaker_profiles": pid},
+                   files={"file": ("a.wav", wav_bytes(1.0))}, headers=who)
         assert (r.status_code, r.json()["error"]["code"]) == (422, "unknown_profile")
     assert c.patch(f"/v1/jobs/{job['id']}/speakers", json={"S01": "X"}, headers=b).status_code == 404
     # a name taken by another key is free for this one; "all" never reaches another key's profiles
