@@ -11,7 +11,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from api import admin, metrics
-from api.routes import events, health, jobs, openai
+from api.routes import events, health, jobs, openai, speakers
 from diarist.http import errors
 from diarist.metrics import ServiceMetrics
 from diarist.services import Services
@@ -20,7 +20,8 @@ DESCRIPTION = """Queue-backed speaker-attributed transcription.
 
 Submit a recording with `POST /v1/jobs` (multipart `file`, or JSON `audio_url`), poll `GET /v1/jobs/{id}`
 (or follow `GET /v1/jobs/{id}/events`, or pass a `webhook_url`), then fetch
-`GET /v1/jobs/{id}/transcript?format=json|txt|srt|vtt|rttm`. Times are seconds. Errors are JSON
+`GET /v1/jobs/{id}/transcript?format=json|txt|srt|vtt|rttm`. Known speakers: enroll voices with
+`POST /v1/speakers` and pass `speaker_profiles` to name them in transcripts. Times are seconds. Errors are JSON
 `{"error": {"code", "message"}}`. `POST /v1/audio/transcriptions` is OpenAI-compatible.
 """
 
@@ -56,6 +57,7 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(openai.router)
+    app.include_router(speakers.router)  # /v1/speakers, PATCH /v1/jobs/{id}/speakers
     app.include_router(admin.router)  # /admin dashboard
     app.include_router(metrics.router)  # /metrics
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from diarist.contract.options import MAX_SPEAKERS, MAX_TEMPERATURE, OPTION_FIELD
 from diarist.contract.result import EngineMetrics
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
+from diarist.voice_profiles import MAX_PROFILE_IDS
 
 PROGRESS_DECIMALS = 3
 """Decimals of a job's ``progress`` (0..1) as the API serves it (job objects and live events): a tenth of a
@@ -64,6 +66,24 @@ class JobOptions(BaseModel):
         "ladder from there. Sampling usually costs accuracy; it is for retrying a file whose greedy "
         "transcript looped."))
     webhook_url: str | None = Field(None, max_length=2000, description="POSTed on every final state (signed).")
+    speaker_profiles: list[str] | Literal["all"] | None = Field(
+        None, description="Name known speakers: `all` (every voice profile of this API key) or a list of profile "
+        "ids (in a form: comma-separated, or a JSON list). Each speaker whose voice matches a profile at or "
+        "above DIARIST_SPEAKER_MATCH_THRESHOLD gets its name in the transcript's `identities` and in every "
+        "export; one profile names at most one speaker; an unknown voice stays unnamed. An id that is not "
+        "this key's profile: 422 unknown_profile.")
+
+    @field_validator("speaker_profiles", mode="before")
+    @classmethod
+    def _profiles(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip() != "all":  # a form field: "spk_a,spk_b" or '["spk_a"]'
+            text = v.strip()
+            v = json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
+        if isinstance(v, list):
+            if not v or len(v) > MAX_PROFILE_IDS or not all(isinstance(x, str) and 0 < len(x) <= 64 for x in v):
+                raise ValueError(f"speaker_profiles must be 'all' or 1 to {MAX_PROFILE_IDS} profile ids")
+            return list(dict.fromkeys(v))
+        return v.strip() if isinstance(v, str) else v
 
     @field_validator("language")
     @classmethod
@@ -83,6 +103,11 @@ class JobOptions(BaseModel):
     def engine_options(self) -> dict[str, Any]:
         """The options the engine gets (:data:`diarist.contract.options.OPTION_FIELDS`) that are set."""
         return self.model_dump(include=set(OPTION_FIELDS), exclude_none=True)
+
+    def stored_options(self) -> dict[str, Any]:
+        """A job row's ``options``: :meth:`engine_options` and the service's own (``speaker_profiles``, which
+        the worker applies after the engine returns) when set."""
+        return self.engine_options() | self.model_dump(include={"speaker_profiles"}, exclude_none=True)
 
 
 class JobFromUrl(JobOptions):

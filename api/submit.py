@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from api import intake
 from api.deps import Principal
 from api.schemas import JobOptions
+from diarist import voice_profiles
 from diarist.events import StatusEvent
 from diarist.http.errors import ApiError, unknown_model
 from diarist.models import Job, JobStatus, new_id, utcnow
@@ -51,7 +52,7 @@ def request_fingerprint(model: str, opts: JobOptions, source: str) -> str:
     """SHA-256 hex of what makes a job request what it is: the model, the engine options, the webhook and
     the audio (``sha256:<content hash>`` for an upload, ``url:<audio_url>`` for a fetch; a URL is not
     fetched again to replay)."""
-    body = {"model": model, "options": opts.engine_options(), "webhook_url": opts.webhook_url, "audio": source}
+    body = {"model": model, "options": opts.stored_options(), "webhook_url": opts.webhook_url, "audio": source}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
@@ -161,7 +162,8 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
 
     ``job_id`` may be chosen by the caller (to subscribe to its events before it is enqueued).
 
-    Raises ApiError: 413 ``too_large``; 422 ``unknown_model``, ``unsupported_language``, ``unsupported_task``,
+    Raises ApiError: 413 ``too_large``; 422 ``unknown_profile`` (a ``speaker_profiles`` id that is not the
+    key's), ``unknown_model``, ``unsupported_language``, ``unsupported_task``,
     ``idempotency_key_reused``, ``invalid_url``, ``url_not_allowed``, ``url_fetch_failed``, ``decode_failed``,
     ``no_audio_stream``, ``empty_audio``, ``too_long``, ``too_short``; 503 ``database_unavailable``,
     ``storage_unavailable``, ``queue_unavailable`` (with Retry-After), which leave no row and no object
@@ -182,6 +184,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
             check_url(opts.webhook_url, st.webhook_allow_hosts)
         except UnsafeURL as e:
             raise ApiError(422, e.code, f"webhook_url: {e.message}") from None
+    _outage_guard(services, voice_profiles.check_profile_ids, services.db, principal.key_id, opts.speaker_profiles)
     existing = _outage_guard(services, _existing, services, principal, idempotency_key) if idempotency_key else None
     fingerprint = request_fingerprint(model, opts, f"url:{source.url}") if source.url is not None else None
     if existing is not None and fingerprint is not None:
@@ -221,7 +224,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
     job = Job(id=job_id, owner_key=principal.key_id, idempotency_key=idempotency_key, source=origin,
               filename=(source.filename or None) if source.url is None else display_url(source.url)[:500],
               audio_key=audio_key,
-              audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.engine_options(),
+              audio_bytes=size, duration_s=duration, queue=queue, model=model, options=opts.stored_options(),
               webhook_url=opts.webhook_url, request_sha256=fingerprint,
               # picked up by then, else the sweeper sends it again (its message was lost)
               lease_expires_at=utcnow() + timedelta(seconds=st.queued_redrive_s))

@@ -21,6 +21,9 @@ carries our completeness as extra fields (:func:`completeness_fields`: ``finish_
 do not know. Text shapes (``text``, ``srt``, ``vtt``) carry them as response headers
 (:func:`completeness_headers`).
 
+Speakers are written as :meth:`Transcript.display` gives them: a known speaker's name (``identities``:
+matched to a voice profile or named after the fact), else its label (``S01``); RTTM replaces whitespace in a
+name with ``_`` (its fields are space-separated). ``json`` keeps the labels and carries ``identities``.
 Times are seconds everywhere. Segments whose speaker is unknown (``None``) are written
 without a speaker in txt/srt/vtt and as ``unknown`` where a label is mandatory (RTTM,
 diarized_json). Nothing here imports torch or the engine.
@@ -52,7 +55,7 @@ def to_txt(t: Transcript) -> str:
     """
     lines = []
     for s in t.segments:
-        who = f"{s.speaker}: " if s.speaker else ""
+        who = f"{t.display(s.speaker)}: " if s.speaker else ""
         lines.append(f"[{s.start:.2f}-{s.end:.2f}] {who}{s.text}")
     return "".join(line + "\n" for line in lines)
 
@@ -71,7 +74,7 @@ def to_srt(t: Transcript) -> str:
 
     cues = [
         srt.Subtitle(index=i + 1, start=_td(s.start), end=_td(max(s.end, s.start + 0.001)),
-                     content=(f"{s.speaker}: " if s.speaker else "") + s.text)
+                     content=(f"{t.display(s.speaker)}: " if s.speaker else "") + s.text)
         for i, s in enumerate(t.segments)
     ]
     return srt.compose(cues)
@@ -95,8 +98,8 @@ def _vtt_escape(text: str) -> str:
 
 
 def _vtt_voice(label: str) -> str:
-    # A voice annotation ends at '>' and may not hold a line break; keep the label safe.
-    return re.sub(r"[<>&\s]+", "_", label)
+    # A voice annotation ends at '>' and may not hold a line break (spaces are fine: "<v Alice Chen>").
+    return " ".join(re.sub(r"[<>&]+", "_", label).split()) or "_"
 
 
 def to_vtt(t: Transcript) -> str:
@@ -106,7 +109,7 @@ def to_vtt(t: Transcript) -> str:
         end = max(s.end, s.start + 0.001)
         body = _vtt_escape(s.text)
         if s.speaker:
-            body = f"<v {_vtt_voice(s.speaker)}>{body}</v>"
+            body = f"<v {_vtt_voice(t.display(s.speaker))}>{body}</v>"
         out += [f"{_vtt_time(s.start)} --> {_vtt_time(end)}", body, ""]
     return "\n".join(out) + ("\n" if t.segments else "")
 
@@ -126,7 +129,7 @@ def to_rttm(t: Transcript, file_id: str = "audio") -> str:
         dur = round(s.end, 3) - round(s.start, 3)
         if dur <= 0:
             continue
-        spk = re.sub(r"\s+", "_", s.speaker) if s.speaker else UNKNOWN_SPEAKER
+        spk = re.sub(r"\s+", "_", t.display(s.speaker)) if s.speaker else UNKNOWN_SPEAKER
         lines.append(f"SPEAKER {fid} 1 {s.start:.3f} {dur:.3f} <NA> <NA> {spk} <NA> <NA>\n")
     return "".join(lines)
 
@@ -200,7 +203,7 @@ def to_verbose_json(t: Transcript, granularities: tuple[str, ...] | None = None)
     if granularities is None or "segment" in granularities:
         body["segments"] = [
             {"id": s.id, "seek": _seek(s), "start": s.start, "end": s.end, "text": s.text, "tokens": [],
-             **_scores(window_of(t.windows, s.start, s.end, s.channel)), "speaker": s.speaker}
+             **_scores(window_of(t.windows, s.start, s.end, s.channel)), "speaker": t.display(s.speaker)}
             for s in t.segments
         ]
     if (granularities is not None and "word" in granularities) or (
@@ -270,7 +273,7 @@ def to_diarized_json(t: Transcript) -> str:
         "text": t.text,
         "segments": [
             {"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
-             "speaker": s.speaker or UNKNOWN_SPEAKER, "text": s.text}
+             "speaker": t.display(s.speaker) or UNKNOWN_SPEAKER, "text": s.text}
             for s in t.segments
         ],
         "usage": {"type": "duration", "seconds": t.duration},

@@ -1,4 +1,5 @@
-"""Database tables (SQLAlchemy 2): jobs, job metrics, webhook outbox and deliveries, worker heartbeats, API keys.
+"""Database tables (SQLAlchemy 2): jobs, job metrics, webhook outbox and deliveries, worker heartbeats, API keys,
+voice profiles and their samples.
 
 Times are timezone-aware UTC; durations are seconds. The schema is created by the Alembic migrations in
 ``migrations/`` (never by ``create_all`` outside tests), so it is identical on Postgres and SQLite.
@@ -197,3 +198,46 @@ class WebhookDelivery(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     job: Mapped[Job] = relationship(back_populates="deliveries")
+
+
+class SpeakerProfile(Base):
+    """A known voice of one API key (``owner_key``): a name and the embeddings of its samples.
+
+    ``model`` is the embedding model that made every sample's vector (``campplus@<weights hash>``); a profile
+    only matches voices of that model. ``vector`` is the samples' speech-weighted mean, L2-normalised
+    (``diarist.speakers.profile_vector``), kept with the samples so that matching reads one row per profile.
+    Names are unique per key (``uq_speaker_profiles_owner_name``): a transcript shows names, so two
+    profiles of one name could never be told apart there. No audio is kept, only vectors.
+    """
+
+    __tablename__ = "speaker_profiles"
+    __table_args__ = (UniqueConstraint("owner_key", "name", name="uq_speaker_profiles_owner_name"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True, default=lambda: new_id("spk"))
+    owner_key: Mapped[str] = mapped_column(String(40), default="", index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(100))
+    vector: Mapped[list[float]] = mapped_column(JSON)
+    sample_count: Mapped[int] = mapped_column(Integer, default=0)
+    sample_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    samples: Mapped[list[SpeakerSample]] = relationship(back_populates="profile", cascade="all, delete-orphan",
+                                                        order_by="SpeakerSample.id", lazy="selectin")
+
+
+class SpeakerSample(Base):
+    """One enrollment sample of a profile: its voice ``vector`` (unit length, the profile's ``model``),
+    ``seconds`` of speech, and ``source`` (``upload``, or ``job:<job id>:<speaker>``)."""
+
+    __tablename__ = "speaker_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    profile_id: Mapped[str] = mapped_column(ForeignKey("speaker_profiles.id", ondelete="CASCADE"), index=True)
+    vector: Mapped[list[float]] = mapped_column(JSON)
+    seconds: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    profile: Mapped[SpeakerProfile] = relationship(back_populates="samples")

@@ -14,6 +14,7 @@ from diarist.db import Database
 from diarist.events import EventBus, make_bus
 from diarist.metrics import ServiceMetrics
 from diarist.settings import Settings
+from diarist.speakers import VoiceEmbedder
 from diarist.storage import ObjectStore, make_store
 
 
@@ -46,6 +47,7 @@ class Services:
     store: ObjectStore
     bus: EventBus
     dispatcher: Dispatcher | None = None
+    voices: VoiceEmbedder | None = None  # enrollment samples' voice vectors (None: enrollment from uploads is off)
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)  # this process's event counters
 
     @classmethod

@@ -252,6 +252,20 @@ class Settings(EnvSettings):
     sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result; "
                                   "then 504 timeout naming the job, which goes on.")
 
+    # -- known speakers (diarist/speakers.py; docs/service.md, Known speakers) ---------------------------------
+    speaker_match_threshold: float = Field(
+        0.5, ge=-1.0, le=1.0, description="Cosine similarity at or above which a speaker's voice takes a voice "
+        "profile's name (one-to-one); below it the speaker stays unnamed. Chosen on "
+        "benchmarks/bench_speaker_id.py (benchmarks/results/speaker_id_cpu.json).")
+    max_speaker_profiles: int = Field(1000, ge=0, description="Voice profiles one API key may hold; one more "
+                                      "is refused with 409 profile_limit.")
+    speaker_sample_min_speech_s: float = Field(3.0, ge=0.5, description="Detected speech a voice sample needs; "
+                                               "less is refused with 422 too_little_speech.")
+    speaker_sample_max_s: float = Field(300.0, gt=0, description="Longest voice sample (seconds of audio); "
+                                        "longer is refused with 422 too_long.")
+    speaker_sample_max_bytes: int = Field(64 << 20, gt=0, description="Largest voice sample upload; larger "
+                                          "is refused with 413 too_large.")
+
     # -- webhooks -------------------------------------------------------------------------------------
     webhook_timeout_s: float = Field(10.0, description="Receiver must answer within this.")
     webhook_max_attempts: int = Field(6, description="Delivery attempts before giving up.")

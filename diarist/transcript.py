@@ -25,11 +25,11 @@ import numbers
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from diarist.completeness import assess
 from diarist.contract.options import TASKS
-from diarist.contract.result import FINISH_REASONS, TranscriptionResult
+from diarist.contract.result import FINISH_REASONS, SpeakerEmbedding, TranscriptionResult
 from diarist.contract.result import Segment as ResultSegment
 from diarist.decode_windows import DecodeWindow, read_windows
 from diarist.times import round_seconds
@@ -100,6 +100,19 @@ class ResultWarning(BaseModel):
     count: int | None = None
 
 
+class SpeakerIdentity(BaseModel):
+    """Who a speaker is, when known: ``name`` (shown by every export in place of the label), and when a voice
+    profile named it, that profile's ``profile_id`` and ``match_score`` (cosine similarity of the speaker's
+    voice and the profile, at or above the match threshold; ``diarist.speakers``). A name given after the
+    fact (``PATCH /v1/jobs/{id}/speakers``) has no score. ``name`` ``None``: not identified."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    name: str | None = None
+    profile_id: str | None = None
+    match_score: float | None = None
+
+
 class Transcript(BaseModel):
     """A speaker-attributed, time-stamped transcript of one recording.
 
@@ -122,6 +135,9 @@ class Transcript(BaseModel):
     ``warnings``: :class:`ResultWarning` items (e.g. NaN samples replaced, :mod:`diarist.pcm`).
     ``windows``: the Whisper decode windows with their scores (:mod:`diarist.decode_windows`; verbose_json's
     per-segment ``avg_logprob``, ``no_speech_prob``...); ``None`` for MOSS-TD.
+    ``identities``: label -> :class:`SpeakerIdentity` for every speaker once identification ran (the job's
+    ``speaker_profiles``) or a speaker was named; ``None`` otherwise. Exports show :meth:`display` names.
+    The speakers' voice vectors (:attr:`voices`) are not part of the transcript: the worker keeps them apart.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -145,6 +161,18 @@ class Transcript(BaseModel):
     marker_interval_s: float | None = None
     warnings: list[ResultWarning] = Field(default_factory=list)
     windows: list[DecodeWindow] | None = None
+    identities: dict[str, SpeakerIdentity] | None = None
+    _voices: dict[str, SpeakerEmbedding] = PrivateAttr(default_factory=dict)
+
+    @property
+    def voices(self) -> dict[str, SpeakerEmbedding]:
+        """label -> the speaker's voice vector, from the engine result (:meth:`from_engine`); never serialised."""
+        return self._voices
+
+    def display(self, label: str | None) -> str | None:
+        """What exports write for a speaker ``label``: its identity's name when it has one, else the label."""
+        ident = (self.identities or {}).get(label) if label is not None else None
+        return ident.name if ident is not None and ident.name else label
 
     @property
     def text(self) -> str:
@@ -226,7 +254,7 @@ class Transcript(BaseModel):
         verdict = assess({**result.to_json(), "finish_reason": finish})  # the pipeline's input: the same verdict
         coverage = None if verdict.coverage is None else round(verdict.coverage, 4)
         no_speech = bool(result.no_speech) or (not segments and finish == "stop")
-        return cls(
+        out = cls(
             duration=duration, language=result.language or None, language_source=result.language_source or None,
             language_probability=_finite(result.language_probability), task=result.task or "transcribe",
             model=str(result.model or "unknown"), speakers=list(labels.values()), segments=segments,
@@ -236,6 +264,11 @@ class Transcript(BaseModel):
             warnings=[ResultWarning.model_validate(w) for w in result.warnings or [] if isinstance(w, dict)],
             windows=read_windows(result.windows, duration),
         )
+        for v in result.speaker_embeddings or []:
+            key = _speaker_key(v.speaker)
+            if key in labels:  # a voice of a speaker with no kept segment or turn has no label to name
+                out._voices[labels[key]] = v
+        return out
 
     @classmethod
     def from_engine_json(cls, raw: Any) -> Transcript:

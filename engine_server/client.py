@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from diarist.contract.errors import CodedError, ProtocolError
 from diarist.contract.events import ErrorLine, ResultLine, from_line, payload
 from diarist.contract.options import TranscribeOptions
-from diarist.contract.result import TranscriptionResult
+from diarist.contract.result import SpeakerEmbedding, TranscriptionResult
 from diarist.logs import current_job_id
 from diarist.outages import Dependency
 from engine_server.protocol import request_headers
@@ -97,6 +97,10 @@ class InProcessEngineClient:
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine work aborted")
         return result
+
+    def sample_voice(self, audio: Path, max_duration_s: float) -> tuple[SpeakerEmbedding | None, float]:
+        """The enrollment sample's voice vector (:meth:`Transcriber.sample_voice`). Raises CodedError."""
+        return self.transcriber.sample_voice(str(audio), max_duration_s)
 
     def ready(self) -> bool:
         return True
@@ -226,6 +230,42 @@ class HttpEngineClient:
         if cancel is not None and cancel.is_set():
             raise canceled
         raise JobFailure("engine_error", "engine stream ended without a result", retryable=True)
+
+    def sample_voice(self, audio: Path, max_duration_s: float) -> tuple[SpeakerEmbedding | None, float]:
+        """The enrollment sample's voice vector from ``POST /internal/embed`` (the audio decoded here and sent
+        as samples, as :meth:`transcribe` does; its duration checked here first).
+
+        Raises:
+            CodedError: the decoder's code; ``too_long``; the server's coded error; ``engine_unavailable``
+                (not reachable, or 502/503/504: :class:`JobFailure` with an outage); ``engine_error``.
+        """
+        import httpx
+
+        from transcription.audio import AudioError, Frontend, decode_audio
+
+        try:
+            decoded = decode_audio(audio, frontend=Frontend.for_family(self.family))
+        except AudioError as e:
+            raise JobFailure(e.code, e.message) from e
+        if decoded.duration > max_duration_s:
+            raise JobFailure("too_long", f"the sample lasts {decoded.duration:.0f} s; a voice sample may last at "
+                                         f"most {max_duration_s:g} s")
+        headers = request_headers(TranscribeOptions(), decoded.pcm_format())
+        try:
+            r = httpx.post(f"{self.url}/internal/embed", content=b"".join(decoded.pcm_chunks()), headers=headers,
+                           params={"max_duration_s": max_duration_s}, timeout=httpx.Timeout(300.0, connect=10.0))
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}", outage=Dependency.ENGINE) from e
+        except httpx.HTTPError as e:
+            raise JobFailure("engine_error", f"engine server dropped the request: {e}", retryable=True) from e
+        if r.status_code >= 400:
+            raise _http_failure(r)
+        try:
+            body = r.json()
+            voice = None if body.get("voice") is None else SpeakerEmbedding.from_json(body["voice"], "the voice")
+            return voice, float(body["duration"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise JobFailure("engine_protocol", f"the engine server's voice answer is malformed: {e}") from e
 
     def ready(self) -> bool:
         import httpx

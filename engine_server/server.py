@@ -17,6 +17,8 @@ Routes:
   before decoding a job (:class:`engine_server.client.HttpEngineClient`), and samples decoded with another
   frontend than this engine's are refused (409 ``frontend_mismatch``), so a worker configured for another
   family can never feed the model audio mixed its way (stereo 1.41x too loud for MOSS-TD).
+- ``POST /internal/embed``: the voice vector of an enrollment sample (known speakers; the API's
+  ``Services.voices`` in a split deployment), the body as for ``/internal/transcribe``.
 
 Bad audio is a 422 with its code (``empty_audio`` for a zero-byte upload, ``decode_failed``, ...); no error
 message names a file of this server (uploads are spooled to temporary files).
@@ -275,6 +277,25 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
             Path(name).unlink(missing_ok=True)
             raise
         return Path(name)
+
+    @app.post("/internal/embed", summary="The voice vector of an enrollment sample (one talker)")
+    async def internal_embed(request: Request, max_duration_s: Annotated[float, Query(gt=0)] = 300.0) -> dict:
+        """Body: decoded audio (:data:`engine_server.protocol.PCM_HEADER`), or a media file. Answers
+        ``{"voice": SpeakerEmbedding JSON or null (no speech), "duration": seconds}``; the vector is never
+        logged. 422 ``too_long`` past ``max_duration_s``, the decoder's codes for bad audio."""
+        req = read_request(request.headers, ADMISSION_CLASSES)
+        source: Path | DecodedAudio = await _read_pcm(request, req.pcm) if req.pcm is not None \
+            else await _read_file(request)
+        try:
+            voice, duration = await anyio.to_thread.run_sync(tr.sample_voice, source, max_duration_s)
+        except CodedError as e:
+            e.message = _public(e.message, source)
+            e.args = (e.message,)
+            raise
+        finally:
+            if isinstance(source, Path):
+                source.unlink(missing_ok=True)
+        return {"voice": None if voice is None else voice.to_json(), "duration": duration}
 
     @app.get("/health")
     def health() -> dict:

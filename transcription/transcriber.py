@@ -14,14 +14,16 @@ from dataclasses import replace
 from typing import Any
 
 from diarist.contract.options import TranscribeOptions
-from diarist.contract.result import TranscriptionResult
+from diarist.contract.result import SpeakerEmbedding, TranscriptionResult
 from engine.engine import Engine
 from engine.request import RequestRejected
 from transcription.audio import DecodedAudio, decode_audio
+from transcription.diarization.voices import result_spans, sample_embedding, speaker_embeddings
 from transcription.errors import EngineError, Rejected
 from transcription.pipeline import pipeline_class
 from transcription.progress import EventFn
 from transcription.result import finish_result, speaker_hint_warnings
+from transcription.speech import cascade_device
 
 __all__ = ["EngineError", "TranscribeOptions", "Transcriber"]
 
@@ -94,6 +96,21 @@ class Transcriber:
         except RequestRejected as e:  # the engine's own refusal: a coded error of the contract from here on
             raise Rejected.of(e) from e
 
+    def sample_voice(self, source: Any, max_duration_s: float) -> tuple[SpeakerEmbedding | None, float]:
+        """The voice vector of an enrollment sample (one talker; path, bytes, file object or
+        :class:`DecodedAudio`) and the sample's duration in seconds
+        (:func:`transcription.diarization.voices.sample_embedding`; ``None`` when it holds no speech).
+
+        Raises:
+            AudioError: undecodable input.
+            Rejected: ``too_long``: the sample lasts more than ``max_duration_s`` (checked before any model runs).
+        """
+        audio = source if isinstance(source, DecodedAudio) else decode_audio(source, frontend=self.frontend)
+        if audio.duration > max_duration_s:
+            raise Rejected("too_long", f"the sample lasts {audio.duration:.0f} s; a voice sample may last at most "
+                                       f"{max_duration_s:g} s")
+        return sample_embedding(audio.mono, device=cascade_device(self.engine)), audio.duration
+
     def _transcribe(self, source: Any, opts: TranscribeOptions, on_event: EventFn | None,
                     should_cancel: Callable[[], bool] | None) -> dict:
         self.pipeline.check(opts)
@@ -110,6 +127,13 @@ class Transcriber:
         if on_event:
             on_event("queued", {"duration": audio.duration})
         result = self.pipeline.transcribe(audio, opts, on_event, should_cancel)
+        if not opts.multichannel and result.get("finish_reason") != "abort":
+            # every family's speakers get a voice vector, for known-speaker identification by the service
+            t_voice = time.perf_counter()
+            voices = speaker_embeddings(audio.mono, result_spans(result, audio.duration), device=cascade_device(self.engine),
+                                        should_cancel=should_cancel)
+            result["speaker_embeddings"] = [v.to_json() for v in voices]
+            result.setdefault("metrics", {})["speaker_embedding_s"] = time.perf_counter() - t_voice
         result["warnings"] = result.get("warnings", []) + speaker_hint_warnings(result, opts.num_speakers,
                                                                                opts.min_speakers)
         finish_result(result, audio.duration, time.perf_counter() - t0, audio_decode_s, audio.warnings,

@@ -1,4 +1,5 @@
-"""One transcription attempt of one job: claim ▸ fetch audio ▸ engine ▸ store transcript + metrics ▸ notify.
+"""One transcription attempt of one job: claim ▸ fetch audio ▸ engine ▸ name known speakers ▸ store transcript +
+metrics ▸ notify.
 
 Idempotent against the job row (see :mod:`diarist.jobs`): a message for a job that is gone, final, canceled
 or running under a live lease does nothing; each attempt writes its transcript under its own key and only
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from diarist import jobs
+from diarist import jobs, voice_profiles
 from diarist.contract.errors import InvalidRequest
 from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
@@ -174,6 +175,13 @@ def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: 
     svc, job_id = rt.services, job.id
     key = f"jobs/{job_id}/transcript-{job.attempts}.json"
     t_store = time.perf_counter()
+    if wanted := job.options.get("speaker_profiles"):
+        # the key's profiles are read now, not at submit: a profile made or deleted meanwhile counts
+        profiles = _durable(rt, lambda: voice_profiles.profile_voices(svc.db, job.owner_key, wanted))
+        transcript = voice_profiles.identify(transcript, profiles, svc.settings.speaker_match_threshold)
+    if transcript.voices:  # kept apart from the transcript, for naming after the fact (never served)
+        _durable(rt, lambda: svc.store.put_bytes(voice_profiles.voices_key(job_id),
+                                                 voice_profiles.dump_voices(transcript.voices)))
     _durable(rt, lambda: svc.store.put_bytes(key, transcript.model_dump_json().encode()))
     # Where the worker's time went, beside the engine's own metrics (kept in the metrics row's ``extra``):
     # fetching the audio and the engine call (set by _attempt), storing the result.

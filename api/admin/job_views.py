@@ -16,7 +16,7 @@ from api.admin.render import SPEAKER_COLORS, page
 from api.admin.session import AdminPage, check_csrf
 from diarist import admin_actions, audit
 from diarist.formats import render
-from diarist.models import Job, WebhookDelivery
+from diarist.models import Job, SpeakerProfile, WebhookDelivery
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
 
@@ -77,6 +77,9 @@ def _detail(request: Request, job_id: str) -> dict[str, Any] | None:
             return None
         deliveries = list(s.scalars(select(WebhookDelivery).where(WebhookDelivery.job_id == job_id)
                                     .order_by(WebhookDelivery.id)))
+        # the owner key's voice profiles (names and sample counts; vectors are never shown)
+        profiles = list(s.scalars(select(SpeakerProfile).where(SpeakerProfile.owner_key == job.owner_key)
+                                  .order_by(SpeakerProfile.name)))
         _ = job.metrics
         s.expunge_all()
     tr, tr_error = _transcript(services, job)
@@ -86,7 +89,8 @@ def _detail(request: Request, job_id: str) -> dict[str, Any] | None:
             "incomplete_reason": _incomplete_reason(job, tr), "cls": queries.class_of(job.queue),
             "owner": queries.key_names(services.db).get(job.owner_key, job.owner_key or "(auth off)"),
             "bar": timeline.bar(timeline.phases(job, job.metrics)), "allowed": admin_actions.allowed(job),
-            "audit": audit.recent(services.db, limit=50, target_id=job_id)}
+            "audit": audit.recent(services.db, limit=50, target_id=job_id), "profiles": profiles,
+            "identities": (tr.identities or {}) if tr else {}}
 
 
 def _missing(request: Request, user: Any, job_id: str) -> Response:

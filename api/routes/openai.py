@@ -7,7 +7,7 @@ answers Server-Sent Events in OpenAI's shapes: ``transcript.text.delta`` {delta}
 ``transcript.text.segment`` {id, start, end, speaker, text} once speakers are known (diarized_json only,
 as OpenAI does; MOSS-TD's as each segment completes, the cascade's after diarization), then
 ``transcript.text.done`` {text}. Extra form fields (``num_speakers``, ``min_speakers``, ``max_speakers``,
-``task``) pass through. ``temperature`` is the first decoding temperature (a job option: greedy first when
+``task``, ``speaker_profiles``) pass through. ``temperature`` is the first decoding temperature (a job option: greedy first when
 0 or unset, then the quality fallback's ladder from it). ``timestamp_granularities[]`` (``word``,
 ``segment``) picks verbose_json's ``words``/``segments`` as OpenAI does; another value, another
 ``response_format``, or ``word`` on a model that times segments only is a 422 before any job exists
@@ -62,6 +62,8 @@ TemperatureForm = Annotated[float | None, Form(ge=0, le=MAX_TEMPERATURE)]
 GranularitiesForm = Annotated[list[str] | None, Form(alias="timestamp_granularities[]")]
 GranularitiesPlainForm = Annotated[list[str] | None, Form(alias="timestamp_granularities")]
 SpeakersForm = Annotated[int | None, Form(ge=1, le=MAX_SPEAKERS)]
+ProfilesForm = Annotated[str | None, Form(max_length=8000, description="`all`, or voice profile ids "
+                                          "(comma-separated or a JSON list): name known speakers")]
 
 SYNC_ERRORS = {**ERRORS, 504: {"model": ErrorResponse}}  # 504 timeout: the wait passed sync_timeout_s
 # A failed job's code → HTTP status of the synchronous answer.
@@ -131,7 +133,7 @@ def _stream(services: Services, job_id: str, events: Iterator[dict], fmt: str) -
     if fmt == "diarized_json":
         for s in t.segments[live:]:  # the rest, from the stored transcript
             yield _sse({"type": "transcript.text.segment", "id": f"seg_{s.id}", "start": s.start, "end": s.end,
-                        "speaker": s.speaker or "unknown", "text": s.text})
+                        "speaker": t.display(s.speaker) or "unknown", "text": s.text})
     yield _sse(openai_done_event(t))
 
 
@@ -153,6 +155,7 @@ async def create_transcription(
     task: Annotated[Literal[TASKS] | None, Form()] = None,
     granularities: GranularitiesForm = None,
     granularities_plain: GranularitiesPlainForm = None,
+    speaker_profiles: ProfilesForm = None,
 ) -> Response:
     """The transcript once the job is final (or its events with ``stream=true``).
 
@@ -165,7 +168,8 @@ async def create_transcription(
     check_one_file(await request.form())  # the form FastAPI parsed for the parameters above
     try:
         opts = JobOptions(model=model, language=language, prompt=prompt, num_speakers=num_speakers,
-                          min_speakers=min_speakers, max_speakers=max_speakers, task=task, temperature=temperature)
+                          min_speakers=min_speakers, max_speakers=max_speakers, task=task, temperature=temperature,
+                          speaker_profiles=speaker_profiles)
     except ValidationError as e:
         raise ApiError(422, "invalid_request", describe_errors(e.errors())) from None
     granularity = timestamp_granularities([*(granularities or []), *(granularities_plain or [])],
@@ -209,8 +213,10 @@ async def create_translation(
     num_speakers: SpeakersForm = None,
     min_speakers: SpeakersForm = None,
     max_speakers: SpeakersForm = None,
+    speaker_profiles: ProfilesForm = None,
 ) -> Response:
     """English text of speech in any language: a transcription with ``task=translate`` (422
     ``unsupported_task`` on an English-only model). verbose_json's ``language`` is the speech's language."""
     return await create_transcription(request, services, principal, file, model, None, prompt, response_format, temperature,
-                                      False, num_speakers, min_speakers, max_speakers, task="translate")
+                                      False, num_speakers, min_speakers, max_speakers, task="translate",
+                                      speaker_profiles=speaker_profiles)

@@ -101,10 +101,13 @@ def create_api() -> Any:
     from diarist.logs import configure_logging
     from diarist.services import Services
     from diarist.settings import Settings
+    from engine_server.client import HttpEngineClient
     from worker.celery_app import CeleryDispatcher, configure
 
     st = Settings()
     configure_logging(st.log_format, st.log_level)
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
+    # enrollment samples are embedded by the host's engine server (POST /internal/embed): no model here
+    services.voices = HttpEngineClient(st.engine_url[0], family=st.model)
     return create_app(services)

@@ -88,6 +88,7 @@ class EmbeddedStack:
             self.engine.start()
             self._own_engine_loop = True
         client = InProcessEngineClient(Transcriber(self.engine, fixed_output_tokens=self.fixed_output_tokens))
+        self.services.voices = client  # enrollment samples are embedded by the same in-process model
         self.worker = EmbeddedWorker(self.services, client, concurrency=self.worker_concurrency)
         self.worker.start()
         self.app = create_app(self.services, engine_ready=lambda: self.engine is not None)

@@ -117,6 +117,36 @@ class Segment:
 
 
 @dataclass
+class SpeakerEmbedding:
+    """One speaker's voice in a result: the L2-normalised CAM++ centroid of its speech.
+
+    ``speaker``: the speaker as the result's segments label it; ``vector``: float32 values (192 for CAM++),
+    unit length, as a JSON list of numbers; ``model``: the embedding model and its weights' version
+    (``campplus@<sha256 prefix of the weights>``: a vector is only ever compared with vectors of the same
+    model); ``speech_s``: seconds of the speaker's speech the vector was computed from.
+    """
+
+    speaker: Speaker
+    vector: list[float]
+    model: str
+    speech_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The embedding as a JSON object."""
+        return {"speaker": self.speaker, "vector": self.vector, "model": self.model, "speech_s": self.speech_s}
+
+    @classmethod
+    def from_json(cls, raw: Any, where: str = "speaker embedding") -> SpeakerEmbedding:
+        """The embedding of ``raw``. Raises :class:`ProtocolError` naming ``where`` and the field broken
+        (a vector that is empty or holds anything but finite numbers included)."""
+        r = _Reader(raw, where)
+        speaker, vector = r.speaker("speaker"), r.array("vector", required=True)
+        if not vector or not all(_number(v) for v in vector):
+            raise ProtocolError(f"{where}: vector must be a non-empty list of finite numbers")
+        return cls(speaker, [float(v) for v in vector], r.text("model"), r.num("speech_s", required=True, null=False))
+
+
+@dataclass
 class TranscriptionResult:
     """The result of one transcription, as the pipeline returns it and the engine server's ``result`` line
     carries it (the JSON form: :meth:`to_json`; times in seconds from the start of the recording).
@@ -131,8 +161,9 @@ class TranscriptionResult:
     The family's own (``None`` when absent): ``family`` (``moss-td``; absent for Whisper), ``windows`` (each
     Whisper window's outcome), ``non_speech`` (windows the model judged non-speech), ``turns`` (the
     diarization's ``{"speaker", "start", "end"}``), ``random_weights``, ``repetition``/``marker_interval_s``/
-    ``parse_issues``/``sections`` (MOSS-TD), ``engine_id`` (the engine server that ran it). ``extra``: any
-    other field, kept on the wire uninterpreted.
+    ``parse_issues``/``sections`` (MOSS-TD), ``engine_id`` (the engine server that ran it),
+    ``speaker_embeddings`` (:class:`SpeakerEmbedding`, one per speaker of the segments; absent from results
+    of older engines and from multichannel ones). ``extra``: any other field, kept on the wire uninterpreted.
     """
 
     duration: float
@@ -161,6 +192,7 @@ class TranscriptionResult:
     parse_issues: list[Any] | None = None
     sections: list[dict[str, Any]] | None = None
     engine_id: str | None = None
+    speaker_embeddings: list[SpeakerEmbedding] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -170,8 +202,10 @@ class TranscriptionResult:
                                "segments": [s.to_json() for s in self.segments],
                                "metrics": self.metrics.to_json() | self.pipeline_metrics}
         for f in fields(self):
-            if f.name not in out and f.name not in ("pipeline_metrics", "extra"):
+            if f.name not in out and f.name not in ("pipeline_metrics", "extra", "speaker_embeddings"):
                 _put(out, **{f.name: getattr(self, f.name)})
+        if self.speaker_embeddings is not None:
+            out["speaker_embeddings"] = [e.to_json() for e in self.speaker_embeddings]
         return out | self.extra
 
     @classmethod
@@ -194,6 +228,7 @@ class TranscriptionResult:
         segments = r.array("segments", required=True)
         metrics = r.obj("metrics", required=True)
         engine = {k: metrics[k] for k in METRIC_FIELDS if k in metrics}
+        voices = r.array("speaker_embeddings")
         for k, v in engine.items():
             if v is not None and not _number(v):
                 raise ProtocolError(f"the result's metrics.{k} must be a number, not {v!r}")
@@ -209,7 +244,10 @@ class TranscriptionResult:
             family=r.text("family", null=True), windows=r.array("windows"), non_speech=r.array("non_speech"),
             turns=r.array("turns"), random_weights=r.flag("random_weights"), repetition=r.value("repetition"),
             marker_interval_s=r.num("marker_interval_s"), parse_issues=r.array("parse_issues"),
-            sections=r.array("sections"), engine_id=r.text("engine_id", null=True), extra=r.rest())
+            sections=r.array("sections"), engine_id=r.text("engine_id", null=True),
+            speaker_embeddings=None if voices is None else [
+                SpeakerEmbedding.from_json(v, f"speaker embedding {i} of the result") for i, v in enumerate(voices)],
+            extra=r.rest())
 
 
 def check_result(raw: Any) -> dict[str, Any]:

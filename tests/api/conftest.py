@@ -51,12 +51,12 @@ def wait_final(client: httpx.Client, job_id: str, timeout_s: float = 240.0, head
 
 def services_with(stack, **settings):
     """:class:`diarist.services.Services` with ``settings`` changed, over the stack's database, object store,
-    event bus and dispatcher (another API process of the same deployment, with its own event counters)."""
+    event bus, dispatcher and voice embedder (another API process of the same deployment, with its own event counters)."""
     from diarist.services import Services
 
     st = type(stack.settings).model_validate({**stack.settings.model_dump(), **settings})
     return Services(settings=st, db=stack.services.db, store=stack.services.store, bus=stack.services.bus,
-                    dispatcher=stack.services.dispatcher)
+                    dispatcher=stack.services.dispatcher, voices=stack.services.voices)
 
 
 @pytest.fixture

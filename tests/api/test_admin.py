@@ -313,3 +313,30 @@ def test_a_transcript_of_random_weights_says_so_in_every_format(env):
         r = c.get(f"/v1/jobs/{jid}/transcript", params={"format": fmt}, headers=hdr)
         assert r.status_code == 200 and r.headers["x-diarist-random-weights"] == "true", (fmt, r.text)
     assert c.get(f"/v1/jobs/{jid}/transcript", headers=hdr).json()["random_weights"] is True
+
+
+def test_job_detail_shows_speaker_names_scores_and_the_keys_profiles(env):
+    from diarist.models import SpeakerProfile
+    from diarist.transcript import SpeakerIdentity
+
+    svc, owner = env["svc"], env["user"].id
+    with svc.db.session() as s:
+        s.add(SpeakerProfile(id="spk_admin_test", owner_key=owner, name="Ada Lovelace", model="campplus@x",
+                             vector=[1.0], sample_count=2, sample_seconds=12.5))
+        s.add(SpeakerProfile(id="spk_other_key", owner_key="key_someone_else", name="Not Shown", model="campplus@x",
+                             vector=[1.0]))
+    tr = Transcript(duration=10.0, model="whisper", speakers=["S01", "S02"],
+                    segments=[Segment(id=0, speaker="S01", start=0.0, end=4.0, text="Good morning."),
+                              Segment(id=1, speaker="S02", start=4.5, end=8.0, text="Morning.")],
+                    identities={"S01": SpeakerIdentity(name="Ada Lovelace", profile_id="spk_admin_test",
+                                                       match_score=0.8123),
+                                "S02": SpeakerIdentity()})
+    jid = add_job(svc, status="completed", owner_key=owner, queue="transcribe.short", duration_s=10.0)
+    svc.store.put_bytes(f"jobs/{jid}/transcript-1.json", tr.model_dump_json().encode())
+    with svc.db.session() as s:
+        s.get(Job, jid).transcript_key = f"jobs/{jid}/transcript-1.json"
+    html = logged_in(env).get(f"/admin/jobs/{jid}").text
+    assert "S01 · Ada Lovelace" in html and "(0.81)" in html and "S02 · <span class=\"small\">unknown voice" in html
+    assert 'class="spk spk-0">Ada Lovelace</span>' in html  # the segments show the name
+    profiles = html.split('id="profiles"', 1)[1].split("</section>", 1)[0]
+    assert "Ada Lovelace" in profiles and "spk_admin_test" in profiles and "Not Shown" not in profiles

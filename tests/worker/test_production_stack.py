@@ -141,6 +141,21 @@ def test_ready_and_a_job_completes(prod, receiver_server):
     assert verify(prod["key"]["webhook_secret"], headers, body)  # signed with this key's own secret
 
 
+def test_known_speaker_across_the_processes(prod):
+    """Split deployment: the API process (no model) embeds an enrollment clip through the engine server's
+    POST /internal/embed, and the separate worker names the job's speaker from the database."""
+    c = prod["client"]
+    with data_file("en_librispeech_1995-1837-0001/librispeech-1995-1837-0001.wav").open("rb") as f:
+        r = c.post("/v1/speakers", data={"name": "Reader"}, files={"file": ("reader.wav", f)})
+    assert r.status_code == 201, (r.text, prod["procs"]["engine"].tail())
+    job = wait_status(c, submit(prod, "en_librispeech_1995-1837-0001/librispeech-1995-1837-0001.wav",
+                                speaker_profiles="all"), FINAL)
+    assert job["status"] == "completed", job
+    t = c.get(f"/v1/jobs/{job['id']}/transcript").json()
+    assert t["identities"]["S01"]["name"] == "Reader" and t["identities"]["S01"]["profile_id"] == r.json()["id"]
+    assert c.delete(f"/v1/speakers/{r.json()['id']}").status_code == 200
+
+
 def expire_lease(db, job_id: str, pid: int) -> None:
     """Move the lease of ``job_id``'s running attempt, which must belong to the (dead) process ``pid``, into
     the past: what ``lease_s`` of wall time does to a dead worker's lease, without waiting for it."""
