@@ -243,14 +243,15 @@ class HttpEngineClient:
 
         from transcription.audio import AudioError, Frontend, decode_audio
 
+        frontend = Frontend(self.info()["frontend"])  # as transcribe: the engine says how it hears audio
         try:
-            decoded = decode_audio(audio, frontend=Frontend.for_family(self.family))
+            decoded = decode_audio(audio, frontend=frontend)
         except AudioError as e:
             raise JobFailure(e.code, e.message) from e
         if decoded.duration > max_duration_s:
             raise JobFailure("too_long", f"the sample lasts {decoded.duration:.0f} s; a voice sample may last at "
                                          f"most {max_duration_s:g} s")
-        headers = request_headers(TranscribeOptions(), decoded.pcm_format())
+        headers = request_headers(TranscribeOptions(), replace(decoded.pcm_format(), frontend=frontend.value))
         try:
             r = httpx.post(f"{self.url}/internal/embed", content=b"".join(decoded.pcm_chunks()), headers=headers,
                            params={"max_duration_s": max_duration_s}, timeout=httpx.Timeout(300.0, connect=10.0))

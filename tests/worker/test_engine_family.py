@@ -63,8 +63,8 @@ def test_a_worker_configured_for_whisper_decodes_for_the_moss_engine(moss_url, s
     monkeypatch.setattr(audio, "decode_audio", spy)
     client = engine_client([moss_url], timeout_s=60, expected_family="whisper")  # DIARIST_MODEL=whisper
     with caplog.at_level(logging.WARNING, logger="diarist.worker"):
-        result = client.transcribe(stereo_wav, {})
-        client.transcribe(stereo_wav, {})
+        result = client.transcribe(stereo_wav, TranscribeOptions())
+        client.transcribe(stereo_wav, TranscribeOptions())
     assert used == [Frontend.LIBROSA, Frontend.LIBROSA]  # the engine's frontend, not DIARIST_MODEL's
     assert result.engine_id == "fam" and result.random_weights
     warned = [r.getMessage() for r in caplog.records if "DIARIST_MODEL=whisper" in r.getMessage()]
