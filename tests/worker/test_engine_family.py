@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 
+from diarist.contract.options import TranscribeOptions
 from tests.conftest import pcm16_wav
 from tests.worker.test_admission_class import serve
 
