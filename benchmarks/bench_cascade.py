@@ -200,6 +200,11 @@ def main() -> None:
     res: dict = {"command": " ".join(sys.argv), "commit": args.commit, "device": dev,
                  "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
                  "cpu_threads": torch.get_num_threads(), "torch": torch.__version__, "speech_detection_used": vad_name}
+    def save() -> None:  # after every section, so a run cut short by a time limit still leaves its figures
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1))
+
     sizes = {"segment_batch": args.segment_batch, "head_batch": args.head_batch, "embed_batch": args.embed_batch}
     stage = SpeakerStage(dev, **sizes)
     graphed = SpeakerStage(dev, graphs=True, **sizes) if cuda and not args.no_graphs else None
@@ -223,6 +228,7 @@ def main() -> None:
         row["reference_device_vs_cpu"] = frame_agreement(ref_cpu, ref_dev, dur)
         res["agreement"][k] = row
         print(k, json.dumps(row), flush=True)
+    save()
 
     clips = [(w, speech[k]) for k, w in list(waves.items())[:THROUGHPUT_CLIPS]]
 
@@ -251,10 +257,6 @@ def main() -> None:
     def jobs(threads):
         return [clips[i % len(clips)] for i in range(threads * args.rounds)]
 
-    res["baseline"] = {f"stage_alone_{c}_threads": rate(baseline, jobs(c), c) for c in sorted({1, args.concurrency})}
-    res["baseline"][f"cascade_{args.concurrency}_threads"] = rate(baseline_cascade, jobs(args.concurrency),
-                                                                  args.concurrency)
-    print("baseline", json.dumps(res["baseline"]), flush=True)
     n = args.in_flight
     res["stage"] = {"in_flight": n, "eager": rate(on_stage(stage), jobs(n), n)}
     if graphed is not None:
@@ -266,6 +268,7 @@ def main() -> None:
     res["stage_with_vad"] = rate(on_stage_with_vad, jobs(n), n)
     res["stage"]["counters"] = dict(stage.counters)
     print("stage", json.dumps(res["stage"]), flush=True)
+    save()
 
     # speech detection: Silero alone, one thread (the part of the VAD the stage does not run)
     from transcription.audio.vad import normalise_level, speech_probabilities
@@ -289,6 +292,13 @@ def main() -> None:
         turns = diarize(unique(long), regions, stage=st)
         res["long"][name] = time.perf_counter() - t0
         res["long"][name.replace("_s", "_speakers")] = len({t.speaker for t in turns})
+        save()
+    # the per-recording path on the same clips (after the stage's figures: the slowest part of the run)
+    res["baseline"] = {f"stage_alone_{c}_threads": rate(baseline, jobs(c), c) for c in sorted({1, args.concurrency})}
+    res["baseline"][f"cascade_{args.concurrency}_threads"] = rate(baseline_cascade, jobs(args.concurrency),
+                                                                  args.concurrency)
+    print("baseline", json.dumps(res["baseline"]), flush=True)
+    save()
     if silero:
         t0 = time.perf_counter()
         speech_probabilities(normalise_level(long))
@@ -301,9 +311,7 @@ def main() -> None:
     print("long", json.dumps(res["long"]), flush=True)
 
     print(json.dumps(res, indent=1))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1))
+    save()
 
 
 if __name__ == "__main__":
