@@ -140,3 +140,14 @@ def test_words_of_languages_without_spaces_are_characters():
     assert len(_words(tok, ids)) == 1  # no space: one "word" without the switch
     assert [w for w, *_ in _words(tok, tok.encode(" Das ist gut."), split_characters=False)] == \
         [" Das", " ist", " gut."]
+
+
+@pytest.mark.slow
+def test_english_only_on_japanese_speech_is_incomplete_and_says_the_language_may_not_be_english(tiny):
+    """tiny.en writes the Japanese clip as invented English and fails every attempt (mean log-probability
+    below -1); the result says so instead of passing the text off as a complete English transcript."""
+    r = tiny.transcribe(data_file("ja_picovoice_test_ja/test_ja.wav"), TranscribeOptions(diarize=False))
+    assert any(w["status"] == "failed" for w in r.windows)
+    assert r.incomplete and "every decode attempt failed" in r.incomplete_reason
+    codes = {w["code"] for w in r.warnings}
+    assert {"failed_windows", "language_may_not_be_english"} <= codes

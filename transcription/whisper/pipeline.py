@@ -35,9 +35,9 @@ from transcription.whisper.segments import WindowSegments
 from transcription.whisper.window_decoder import WindowDecoder, WindowResult
 from transcription.whisper.window_outcome import (
     incomplete_reason,
-    truncation_warnings,
     window_finish,
     window_metrics,
+    window_warnings,
 )
 from transcription.whisper.windows import Window, pack_windows
 
@@ -146,7 +146,7 @@ class WhisperPipeline:
         if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
             result["incomplete"], result["incomplete_reason"] = True, reason
         if finish != FinishReason.ABORT.value:
-            result["warnings"] = result.get("warnings", []) + truncation_warnings(results)
+            result["warnings"] = result.get("warnings", []) + window_warnings(results, self.tokens.english_only)
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result

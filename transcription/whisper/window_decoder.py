@@ -22,11 +22,11 @@ word, and each choice is the one that keeps windows that start at a silence inde
    speech still after it (tiny.en sometimes writes end-of-text early) has that rest decoded again as a new
    window from the segment's end.
 
-A window whose attempts all fail is kept (its best text) and flagged: :data:`decode_quality.LOOP` makes
-the transcript incomplete, as :data:`decode_quality.TRUNCATED` does (a window stopped at its token budget in
-text that does not repeat: kept, never decoded again, since another attempt stops at the same limit), :data:`decode_quality.REPETITIVE` and :data:`decode_quality.LOW_CONFIDENCE`
-only mark its segments. A window the
-model takes as silence (``AttemptQuality.silence``) keeps no text.
+A window whose attempts all fail is kept (its best text), flagged (:data:`decode_quality.LOOP`,
+:data:`decode_quality.REPETITIVE`, :data:`decode_quality.LOW_CONFIDENCE`) and makes the transcript
+incomplete (``window_outcome``), as :data:`decode_quality.TRUNCATED` does (a window stopped at its token
+budget in text that does not repeat: kept, never decoded again, since another attempt stops at the same
+limit). A window the model takes as silence (``AttemptQuality.silence``) keeps no text.
 """
 
 from __future__ import annotations

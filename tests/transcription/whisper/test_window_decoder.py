@@ -20,7 +20,14 @@ from transcription.decode_quality import FALLBACK_SEED, LOOP, LOW_CONFIDENCE, TE
 from transcription.repetition import RepetitionGuard
 from transcription.whisper.decoding import TIME_PRECISION, WhisperTokens, split_segments
 from transcription.whisper.window_decoder import MAX_RESUMES, WindowDecoder, WindowResult
-from transcription.whisper.window_outcome import incomplete_reason, window_finish, window_metrics
+from transcription.whisper.window_outcome import (
+    FAILED_WINDOWS,
+    MAYBE_NOT_ENGLISH,
+    incomplete_reason,
+    window_finish,
+    window_metrics,
+    window_warnings,
+)
 from transcription.whisper.windows import Window, pack_windows
 
 T = WhisperTokens()
@@ -205,12 +212,23 @@ def test_silence_by_the_model_and_the_vad_keeps_no_text():
     assert words == [] and results[0].status == "no_speech" and results[0].attempts == 1
 
 
-def test_low_confidence_everywhere_keeps_the_text_and_flags_it():
+def test_low_confidence_everywhere_keeps_the_text_flags_it_and_makes_the_transcript_incomplete():
     _, results, words, _ = run(Script(20, logprob=-1.5, no_speech=0.1), [(0.0, 10.0)])
     (r,) = results
     assert words == every_word(20)
     assert r.status == "failed" and r.flag == LOW_CONFIDENCE and r.attempts == len(TEMPERATURES)
-    assert incomplete_reason(results) is None and window_finish(results, False) == FinishReason.STOP
+    assert window_finish(results, False) == FinishReason.STOP  # nothing was cut: the text is doubtful
+    reason = incomplete_reason(results)
+    assert reason and "every decode attempt failed" in reason and "0.0-10.0 s" in reason
+    assert [w["code"] for w in window_warnings(results, english_only=False)] == [FAILED_WINDOWS]
+    warned = window_warnings(results, english_only=True)
+    assert [w["code"] for w in warned] == [FAILED_WINDOWS, MAYBE_NOT_ENGLISH]
+    assert all(w["count"] == 1 for w in warned) and "English" in warned[1]["message"]
+
+
+def test_windows_that_passed_give_no_failure_warning():
+    _, results, _, _ = run(Script(20), [(0.0, 10.0)])
+    assert incomplete_reason(results) is None and window_warnings(results, english_only=True) == []
 
 
 def test_events_arrive_in_time_order_and_spell_the_transcript():
