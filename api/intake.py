@@ -141,15 +141,25 @@ def duration_limit_s(settings: Settings) -> float:
     return family if settings.max_duration_s is None else min(settings.max_duration_s, family)
 
 
+def min_duration_s(settings: Settings) -> float:
+    """The shortest audio (seconds) taken: :data:`transcription.limits.MIN_DURATION_S`, raised by
+    ``DIARIST_MIN_DURATION_S`` when set."""
+    from transcription.limits import MIN_DURATION_S  # torch-free
+
+    return max(MIN_DURATION_S, settings.min_duration_s or 0.0)
+
+
 def check_duration(duration: float, settings: Settings) -> None:
-    """422 ``too_long`` / ``too_short`` against the limits (seconds; :func:`duration_limit_s`)."""
+    """422 ``too_long`` / ``too_short`` against the limits (seconds; :func:`duration_limit_s`,
+    :func:`min_duration_s`)."""
+    from transcription.limits import too_short_message
+
     limit = duration_limit_s(settings)
     if duration > limit:
         raise ApiError(422, "too_long", f"the audio lasts {duration:.1f} s; the limit for the {settings.model} "
                                         f"model is {limit:g} s ({limit / 3600:.2f} h)")
-    if duration < settings.min_duration_s:
-        raise ApiError(422, "too_short",
-                       f"the audio lasts {duration:.3f} s; the minimum is {settings.min_duration_s:g} s")
+    if duration < (shortest := min_duration_s(settings)):
+        raise ApiError(422, "too_short", too_short_message(duration, shortest))
 
 
 def discard(path: Path | None) -> None:
