@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ from transcription.audio import AudioError
 from transcription.errors import Rejected
 from transcription.limits import MIN_DURATION_S
 from transcription.transcriber import TranscribeOptions, Transcriber
+from transcription.whisper.align import MIN_WORD_S
 
 jiwer = pytest.importorskip("jiwer")
 
@@ -47,6 +49,11 @@ def test_demo_recording_two_speakers_and_wer(tr):
     starts = [s.start for s in r.segments]
     assert r.segments and max(s.end for s in r.segments) <= 30.0
     assert len(starts) >= 5
+    # no zero-length words, before or after the speaker assignment trims pieces (issue 33 item 21)
+    for seg in r.segments:
+        words = seg.words or []
+        assert all(w.end - w.start >= MIN_WORD_S - 1e-6 for w in words), seg
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(words)), seg
 
 
 @pytest.mark.parametrize("clip", ["30ms", "3_samples"])

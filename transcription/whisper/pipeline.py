@@ -212,12 +212,16 @@ class WhisperPipeline:
             Canceled: ``should_cancel()`` returned True while the cascade ran.
         """
         from transcription.diarization import assign_speakers, diarize
+        from transcription.whisper.align import MIN_WORD_S, keep_min_duration
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
                         max_speakers=opts.max_speakers, device=self.cascade_device,
                         should_cancel=should_cancel)
-        return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
-                                                  for t in turns]
+        pieces = assign_speakers(segments, turns)
+        for seg in pieces:  # a piece trimmed to its speaker's turns may have squeezed a word to nothing
+            if seg.get("words"):
+                keep_min_duration(seg["words"], MIN_WORD_S, seg["start"], seg["end"])
+        return pieces, [{"start": t.start, "end": t.end, "speaker": t.speaker} for t in turns]
 
     def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
                       should_cancel: Callable[[], bool] | None) -> dict:
