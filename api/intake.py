@@ -22,7 +22,7 @@ from diarist.netguard import UnsafeURL, check_url
 from diarist.pcm import FLOAT_SAMPLE_FORMATS, InvalidSamples, check_nonfinite
 from diarist.redact import redact_text
 from diarist.settings import Settings
-from transcription.audio.decode import first_audio_stream, no_samples, open_media, undecodable
+from transcription.audio.decode import first_audio_stream, frame_values, no_samples, open_media, undecodable
 from transcription.audio.samples import AudioError
 
 CHUNK = 1 << 20
@@ -123,7 +123,7 @@ def _measure(path: Path) -> float:
                 rate = frame.sample_rate or rate
                 values += frame.samples * (len(frame.layout.channels) or 1)
                 if frame.format.name in FLOAT_SAMPLE_FORMATS:
-                    nonfinite += int(np.count_nonzero(~np.isfinite(frame.to_ndarray())))
+                    nonfinite += int(np.count_nonzero(~np.isfinite(frame_values(frame))))
         except (av.error.FFmpegError, ValueError) as e:
             errors = e
         check_nonfinite(nonfinite, values)

@@ -18,6 +18,7 @@ from diarist.contract.result import TranscriptionResult
 from engine.engine import Engine
 from engine.request import RequestRejected
 from transcription.audio import DecodedAudio, decode_audio
+from transcription.audio.decode import downmix
 from transcription.errors import EngineError, Rejected
 from transcription.limits import MIN_DURATION_S, too_short_message
 from transcription.pipeline import pipeline_class
@@ -102,7 +103,7 @@ class Transcriber:
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
-                source, samples=source.samples.mean(axis=0, keepdims=True))
+                source, samples=downmix(source.samples, self.frontend))
         else:
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0

@@ -94,20 +94,84 @@ def no_samples() -> AudioError:
     return AudioError("empty_audio", "the file contains no audio samples")
 
 
+_DTYPES = {"u8": np.uint8, "s16": np.int16, "s32": np.int32, "s64": np.int64, "flt": np.float32, "dbl": np.float64}
+
+
+def frame_values(frame: av.AudioFrame) -> np.ndarray:
+    """The samples of a decoded ``frame``, ``[channels, samples]`` in its own sample format (a view).
+
+    Planar frames are read plane by plane rather than with ``AudioFrame.to_ndarray``: PyAV 18 lists one
+    plane too many for a planar frame of 8 or more channels, and ``to_ndarray`` then reads past the frame
+    (a segmentation fault on any 7.1 AAC file: the API's intake and the worker's decoder died with it).
+    """
+    channels = len(frame.layout.channels) or 1
+    dtype = _DTYPES[frame.format.packed.name]
+    if not frame.format.is_planar:
+        return np.frombuffer(frame.planes[0], dtype=dtype, count=frame.samples * channels
+                             ).reshape(frame.samples, channels).T
+    planes = frame.planes
+    return np.stack([np.frombuffer(planes[c], dtype=dtype, count=frame.samples) for c in range(channels)])
+
+
+def _packed_frame(values: np.ndarray, like: av.AudioFrame, layout: str) -> av.AudioFrame:
+    """A frame of ``values`` (``[channels, samples]``, ``like``'s sample type) in ``like``'s packed format
+    under ``layout``, with its rate and times (packed: PyAV 18 cannot fill a planar frame of 8 channels)."""
+    out = av.AudioFrame.from_ndarray(np.ascontiguousarray(values.T).reshape(1, -1),
+                                     format=like.format.packed.name, layout=layout)
+    out.sample_rate, out.pts, out.time_base = like.sample_rate, like.pts, like.time_base
+    return out
+
+
 def _finite_frame(frame: av.AudioFrame) -> tuple[av.AudioFrame, int, int]:
     """``(frame with NaN/inf values set to 0, how many were, values in the frame)``; before resampling,
     so a bad value is never smeared over its neighbours by the resampling filter."""
     total = frame.samples * (len(frame.layout.channels) or 1)
     if frame.format.name not in FLOAT_SAMPLE_FORMATS:
         return frame, 0, total
-    values = frame.to_ndarray()
+    values = frame_values(frame)
     if np.isfinite(values).all():
         return frame, 0, total
     values = np.array(values)  # writable copy
     bad = replace_nonfinite(values)
-    clean = av.AudioFrame.from_ndarray(values, format=frame.format.name, layout=frame.layout.name)
-    clean.sample_rate, clean.pts, clean.time_base = frame.sample_rate, frame.pts, frame.time_base
-    return clean, bad, total
+    return _packed_frame(values, frame, frame.layout.name), bad, total
+
+
+GUESSED_LAYOUTS = {1: "mono", 2: "stereo", 3: "2.1", 4: "4.0", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
+"""The channel layout FFmpeg assumes for a stream that gives only a channel count (a WAV without a channel
+mask, raw PCM): ``av_channel_layout_default`` (libavutil/channel_layout.c), which the ``ffmpeg`` tool applies
+to such input ("Guessed Channel Layout", fftools/ffmpeg_demux.c) before it downmixes."""
+
+
+def _guessed_layout(layout: av.AudioLayout) -> str | None:
+    """The layout to read a stream of ``layout`` as: FFmpeg's guess (:data:`GUESSED_LAYOUTS`) when the
+    stream names no channels (unspecified order), else ``None`` (the stream's own layout is used)."""
+    if any(c.name != "NONE" for c in layout.channels):
+        return None
+    return GUESSED_LAYOUTS.get(layout.nb_channels)
+
+
+def _relabel(frame: av.AudioFrame, layout: str) -> av.AudioFrame:
+    """``frame``'s samples under the channel ``layout`` (same count; the samples are copied)."""
+    return _packed_frame(frame_values(frame), frame, layout)
+
+
+def downmix(samples: np.ndarray, frontend: Frontend = Frontend.FFMPEG) -> np.ndarray:
+    """float32 ``[channels, n]`` at 16 kHz -> ``[1, n]`` as ``frontend`` mixes: ``librosa`` averages the
+    channels; ``ffmpeg`` applies libswresample's default downmix matrix to the layout FFmpeg guesses for the
+    channel count (:data:`GUESSED_LAYOUTS`; libswresample/rematrix.c ``swr_build_matrix``: front left and
+    right at 1/sqrt(2), centre at 1, surrounds at 1/2, LFE 0, unnormalised for float output), the matrix
+    :func:`decode_audio` applies to a file. More than 8 channels have no guessed layout: averaged."""
+    if samples.shape[0] == 1:
+        return samples
+    layout = GUESSED_LAYOUTS.get(samples.shape[0])
+    if Frontend(frontend) is not Frontend.FFMPEG or layout is None:
+        return samples.mean(axis=0, keepdims=True)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples.T, dtype=np.float32).reshape(1, -1),
+                                       format="flt", layout=layout)
+    frame.sample_rate = SAMPLE_RATE
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=SAMPLE_RATE)
+    out = [f.to_ndarray() for f in resampler.resample(frame)] + [f.to_ndarray() for f in resampler.resample(None)]
+    return np.concatenate(out, axis=1)[:, : samples.shape[1]].astype(np.float32, copy=False)
 
 
 def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Frontend.FFMPEG) -> DecodedAudio:
@@ -119,7 +183,9 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
 
     Args:
         source: a path, bytes, or a binary file object.
-        mono: downmix to one channel (as ``frontend`` mixes); else keep every channel.
+        mono: downmix to one channel (as ``frontend`` mixes: with ``ffmpeg``, libswresample's default
+            matrix, centre and fronts weighted (:func:`downmix`), and a stream that names no channels read
+            in the layout FFmpeg guesses for its count, :data:`GUESSED_LAYOUTS`); else keep every channel.
         frontend: the channel mixing and rate conversion (:class:`Frontend`).
     Raises:
         AudioError: ``decode_failed``, ``no_audio_stream``, ``empty_audio`` or ``invalid_samples`` (see
@@ -132,21 +198,24 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         stream = first_audio_stream(container)
         channels = stream.codec_context.channels or 1
         layout = "mono" if ffmpeg and (mono or channels == 1) else None
+        guessed = _guessed_layout(stream.layout) if layout == "mono" and channels > 1 else None
         chunks: list[np.ndarray] = []
         rate = stream.codec_context.sample_rate or None
         nonfinite = values = 0
         try:
-            # librosa: no FFmpeg mixing or rate change, only the conversion to planar float
-            resampler = av.AudioResampler(format="fltp", layout=layout or stream.layout,
+            # librosa: no FFmpeg mixing or rate change, only the conversion to float (packed: frame_values)
+            resampler = av.AudioResampler(format="flt", layout=layout or stream.layout,
                                           rate=SAMPLE_RATE if ffmpeg else rate)
             for frame in container.decode(stream):
                 frame, bad, n = _finite_frame(frame)
                 nonfinite, values = nonfinite + bad, values + n
+                if guessed is not None:  # no channel names: FFmpeg's guess, so the downmix weighs them
+                    frame = _relabel(frame, guessed)
                 for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray())
+                    chunks.append(frame_values(out))
                     rate = rate or out.sample_rate
             for out in resampler.resample(None):
-                chunks.append(out.to_ndarray())
+                chunks.append(frame_values(out))
         except (av.error.FFmpegError, ValueError) as e:
             if not chunks:
                 raise undecodable(e) from None
@@ -163,8 +232,8 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         if ffmpeg:
             np.clip(samples, -1.0, 1.0, out=samples)
         else:
-            if mono and samples.shape[0] > 1:
-                samples = samples.mean(axis=0, keepdims=True)
+            if mono:
+                samples = downmix(samples, Frontend.LIBROSA)
             samples = _soxr_16k(samples, int(rate or SAMPLE_RATE))
         return DecodedAudio(
             samples=np.ascontiguousarray(samples),
