@@ -13,6 +13,8 @@ import io
 import math
 import os
 import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -136,6 +138,61 @@ def _finite_frame(frame: av.AudioFrame) -> tuple[av.AudioFrame, int, int]:
     return _packed_frame(values, frame, frame.layout.name), bad, total
 
 
+@dataclass
+class Damage:
+    """What :func:`decoded_frames` could not decode.
+
+    Attributes:
+        parts: packets skipped because they failed to decode, plus one when the container could not be read
+            to its end (the rest of the file is lost).
+        packet_s: the seconds the skipped packets said they held (often unknown for a damaged packet).
+        error: the first FFmpeg error, for a message.
+    """
+
+    parts: int = 0
+    packet_s: float = 0.0
+    error: Exception | None = None
+
+    def lost_s(self, decoded_s: float, header_s: float | None) -> float:
+        """Seconds of audio lost (0 when nothing was): what the header says the stream lasts less what
+        decoded (a damaged MP3 frame is skipped by the parser with the bytes around it, so the packets'
+        own durations undercount), or the packets' durations when the header says nothing or less."""
+        if not self.parts:
+            return 0.0
+        return max(self.packet_s, (header_s or 0.0) - decoded_s)
+
+
+def decoded_frames(container: av.container.InputContainer, stream: av.audio.stream.AudioStream,
+                   damage: Damage) -> Iterator[av.AudioFrame]:
+    """The audio frames of ``stream``, decoded packet by packet past damage, as the ``ffmpeg`` tool does
+    (it reports "Error while decoding stream" and goes on with the next packet; the demuxer's parser finds
+    the next frame header): a packet that fails to decode is skipped and counted in ``damage``, and a
+    container that cannot be read further ends the frames (counted too) instead of raising."""
+    try:
+        for packet in container.demux(stream):
+            try:
+                frames = packet.decode()
+            except (av.error.FFmpegError, ValueError) as e:
+                damage.parts += 1
+                if packet.duration and packet.time_base:
+                    damage.packet_s += float(packet.duration * packet.time_base)
+                damage.error = damage.error or e
+                continue
+            yield from frames
+    except (av.error.FFmpegError, ValueError) as e:
+        damage.parts += 1
+        damage.error = damage.error or e
+
+
+def header_duration_s(container: av.container.InputContainer, stream: av.audio.stream.AudioStream) -> float | None:
+    """Seconds the stream (else the container) header says the audio lasts, or ``None`` when neither does."""
+    if stream.duration and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration and container.duration > 0:
+        return container.duration / av.time_base
+    return None
+
+
 GUESSED_LAYOUTS = {1: "mono", 2: "stereo", 3: "2.1", 4: "4.0", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
 """The channel layout FFmpeg assumes for a stream that gives only a channel count (a WAV without a channel
 mask, raw PCM): ``av_channel_layout_default`` (libavutil/channel_layout.c), which the ``ffmpeg`` tool applies
@@ -202,13 +259,15 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
         chunks: list[np.ndarray] = []
         rate = stream.codec_context.sample_rate or None
         nonfinite = values = 0
+        damage, decoded_s = Damage(), 0.0
         try:
             # librosa: no FFmpeg mixing or rate change, only the conversion to float (packed: frame_values)
             resampler = av.AudioResampler(format="flt", layout=layout or stream.layout,
                                           rate=SAMPLE_RATE if ffmpeg else rate)
-            for frame in container.decode(stream):
+            for frame in decoded_frames(container, stream, damage):
                 frame, bad, n = _finite_frame(frame)
                 nonfinite, values = nonfinite + bad, values + n
+                decoded_s += frame.samples / (frame.sample_rate or SAMPLE_RATE)
                 if guessed is not None:  # no channel names: FFmpeg's guess, so the downmix weighs them
                     frame = _relabel(frame, guessed)
                 for out in resampler.resample(frame):
@@ -216,10 +275,10 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
                     rate = rate or out.sample_rate
             for out in resampler.resample(None):
                 chunks.append(frame_values(out))
-        except (av.error.FFmpegError, ValueError) as e:
-            if not chunks:
-                raise undecodable(e) from None
-            # A truncated tail: keep what decoded (FFmpeg's own behaviour for damaged files).
+        except (av.error.FFmpegError, ValueError) as e:  # the resampler (the decoder's errors are damage)
+            damage.parts, damage.error = damage.parts + 1, damage.error or e
+        if not chunks and damage.error is not None:
+            raise undecodable(damage.error)
         try:
             check_nonfinite(nonfinite, values)
         except InvalidSamples as e:
@@ -243,6 +302,8 @@ def decode_audio(source: Source, mono: bool = True, frontend: Frontend = Fronten
             container=container.format.name,
             nonfinite=nonfinite,
             source_values=values,
+            damaged=damage.parts,
+            damaged_s=damage.lost_s(decoded_s, header_duration_s(container, stream)),
         )
 
 

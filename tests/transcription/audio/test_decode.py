@@ -144,3 +144,43 @@ def test_surround_downmixes_with_ffmpeg_s_default_weights(tmp_path, layout):
         w.writeframes(pcm.tobytes())
     mono, every = dec.decode_audio(tmp_path / "bare.wav"), dec.decode_audio(tmp_path / "bare.wav", mono=False)
     np.testing.assert_allclose(_mix_weights(mono.samples, every.samples), FFMPEG_MONO[layout], atol=2e-3)
+
+
+def _damaged_mp3(tmp_path, at: float = 0.45, size: int = 3000):
+    """The shared 59.9 s MP3 with ``size`` random bytes (seeded) written over it at ``at`` of its length."""
+    from tests.conftest import data_file
+
+    raw = bytearray(data_file("multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3").read_bytes())
+    off = int(at * len(raw))
+    raw[off : off + size] = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "damaged.mp3"
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_file_damaged_in_the_middle_is_decoded_past_the_damage_and_the_loss_counted(tmp_path):
+    """As ``ffmpeg`` does, decoding resynchronises after a damaged stretch instead of stopping there (it
+    stopped at 26.9 s of 59.9), and the result's warnings say what was skipped; the API's duration probe
+    reads the file the same way, and the count crosses the worker-to-engine wire."""
+    from pathlib import Path
+
+    from api.intake import measure_duration
+    from diarist.pcm import DAMAGED_CODE, PcmFormat
+
+    path = _damaged_mp3(tmp_path)
+    audio = dec.decode_audio(path)
+    assert audio.duration > 58.0  # 3,000 bytes of a 4 kB/s stream: under a second lost
+    assert audio.damaged >= 1 and 0.0 < audio.damaged_s < 2.0
+    (w,) = audio.warnings
+    assert w["code"] == DAMAGED_CODE and w["count"] == audio.damaged and "skipped" in w["message"]
+    assert abs(measure_duration(Path(path)) - audio.duration) < 0.05
+    fmt = PcmFormat.from_header(audio.pcm_format().to_header())
+    back = dec.DecodedAudio.from_pcm(fmt, b"".join(audio.pcm_chunks()))
+    assert (back.damaged, back.damaged_s) == (audio.damaged, audio.damaged_s) and back.warnings == audio.warnings
+
+
+def test_a_clean_file_has_no_damage_warning():
+    from tests.conftest import data_file
+
+    audio = dec.decode_audio(data_file("multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3"))
+    assert audio.damaged == 0 and audio.warnings == [] and audio.duration == pytest.approx(59.9, abs=0.05)
