@@ -204,7 +204,12 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
     if not text:
         return []
     sot = prompt_ids.index(tt.sot) if tt.sot in prompt_ids else 0
-    sot_seq = list(prompt_ids[sot:])
+    lead = []  # language and task tokens a multilingual window's decoder was forced to output first
+    for t in output_ids:
+        if not tt.eot < t < tt.timestamp_begin:
+            break
+        lead.append(t)
+    sot_seq = [*prompt_ids[sot:], *lead]
     room = model.config.max_target_positions - len(sot_seq) - 2
     text = text[:room]
     tokens = [*sot_seq, tt.no_timestamps, *text, tt.eot]
