@@ -224,7 +224,8 @@ class WhisperPipeline:
             # a window early (timestamps count as one class, so advancing times still form a loop).
             guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
             seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                           mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
+                           # kept for alignment: words, a cut at a word, a tail's words (dropped once unneeded)
+                           mm_inputs={"mel": mel, "keep_encoder": bool(self.alignment_heads)},
                            logits_processor=self.rules,
                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
                            inbox=inbox)
@@ -244,7 +245,8 @@ class WhisperPipeline:
             return segs
 
         return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence, self.segments.cut_at_word)
+                             speech, on_event, vad_confidence, self.segments.cut_at_word, self.segments.words_end,
+                             keep_encoder=keep)
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
                  opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None
