@@ -86,7 +86,7 @@ MAX_DURATION_S: dict[str, float] = {"whisper": WHISPER_MAX_DURATION_S, "moss-td"
 
 def too_short_message(duration_s: float, minimum_s: float = MIN_DURATION_S) -> str:
     """The ``too_short`` refusal's message (one wording for the API, the engine server and the CLI)."""
-    return f"the audio lasts {duration_s:.3f} s; the minimum is {minimum_s:g} s"
+    return f"the audio lasts {duration_s:.3g} s; the minimum is {minimum_s:g} s"
 
 
 def max_duration_s(family: str) -> float:
