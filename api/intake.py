@@ -22,7 +22,15 @@ from diarist.netguard import UnsafeURL, check_url
 from diarist.pcm import FLOAT_SAMPLE_FORMATS, InvalidSamples, check_nonfinite
 from diarist.redact import redact_text
 from diarist.settings import Settings
-from transcription.audio.decode import first_audio_stream, no_samples, open_media, undecodable
+from transcription.audio.decode import (
+    Damage,
+    decoded_frames,
+    first_audio_stream,
+    frame_values,
+    no_samples,
+    open_media,
+    undecodable,
+)
 from transcription.audio.samples import AudioError
 
 CHUNK = 1 << 20
@@ -91,8 +99,9 @@ def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> t
 def measure_duration(path: Path) -> float:
     """Audio duration in seconds by decoding the first audio stream (frames counted, nothing kept).
 
-    Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. A damaged tail keeps what
-    decoded (as the engine's decoder does). Float streams are checked for NaN/inf values on the way
+    Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. Damaged packets are skipped
+    and a damaged tail keeps what decoded (as the engine's decoder does:
+    :func:`transcription.audio.decode.decoded_frames`). Float streams are checked for NaN/inf values on the way
     (:mod:`diarist.pcm`: a few are replaced later and reported in the result; too many are refused here).
     The file is opened, and refused, as the decoder does (:mod:`transcription.audio.decode`: one wording
     for the API, the engine server and the CLI; never the temp path).
@@ -115,20 +124,17 @@ def _measure(path: Path) -> float:
                 return float(stream.duration * stream.time_base)
             if container.duration:
                 return container.duration / av.time_base
-        samples, rate, errors = 0, stream.codec_context.sample_rate or 0, None
+        samples, rate, damage = 0, stream.codec_context.sample_rate or 0, Damage()
         values = nonfinite = 0
-        try:
-            for frame in container.decode(stream):
-                samples += frame.samples
-                rate = frame.sample_rate or rate
-                values += frame.samples * (len(frame.layout.channels) or 1)
-                if frame.format.name in FLOAT_SAMPLE_FORMATS:
-                    nonfinite += int(np.count_nonzero(~np.isfinite(frame.to_ndarray())))
-        except (av.error.FFmpegError, ValueError) as e:
-            errors = e
+        for frame in decoded_frames(container, stream, damage):  # past damage, as the decoder reads it
+            samples += frame.samples
+            rate = frame.sample_rate or rate
+            values += frame.samples * (len(frame.layout.channels) or 1)
+            if frame.format.name in FLOAT_SAMPLE_FORMATS:
+                nonfinite += int(np.count_nonzero(~np.isfinite(frame_values(frame))))
         check_nonfinite(nonfinite, values)
         if samples == 0 or not rate:
-            raise no_samples() if errors is None else undecodable(errors)
+            raise no_samples() if damage.error is None else undecodable(damage.error)
         return samples / rate
 
 
@@ -141,15 +147,25 @@ def duration_limit_s(settings: Settings) -> float:
     return family if settings.max_duration_s is None else min(settings.max_duration_s, family)
 
 
+def min_duration_s(settings: Settings) -> float:
+    """The shortest audio (seconds) taken: :data:`transcription.limits.MIN_DURATION_S`, raised by
+    ``DIARIST_MIN_DURATION_S`` when set."""
+    from transcription.limits import MIN_DURATION_S  # torch-free
+
+    return max(MIN_DURATION_S, settings.min_duration_s or 0.0)
+
+
 def check_duration(duration: float, settings: Settings) -> None:
-    """422 ``too_long`` / ``too_short`` against the limits (seconds; :func:`duration_limit_s`)."""
+    """422 ``too_long`` / ``too_short`` against the limits (seconds; :func:`duration_limit_s`,
+    :func:`min_duration_s`)."""
+    from transcription.limits import too_short_message
+
     limit = duration_limit_s(settings)
     if duration > limit:
         raise ApiError(422, "too_long", f"the audio lasts {duration:.1f} s; the limit for the {settings.model} "
                                         f"model is {limit:g} s ({limit / 3600:.2f} h)")
-    if duration < settings.min_duration_s:
-        raise ApiError(422, "too_short",
-                       f"the audio lasts {duration:.3f} s; the minimum is {settings.min_duration_s:g} s")
+    if duration < (shortest := min_duration_s(settings)):
+        raise ApiError(422, "too_short", too_short_message(duration, shortest))
 
 
 def discard(path: Path | None) -> None:

@@ -70,6 +70,20 @@ def nonfinite_warning(count: int, total: int) -> dict:
             "message": f"{count} of the {total} sample values were NaN or infinite and were replaced by 0"}
 
 
+DAMAGED_CODE = "damaged_audio"
+"""Result warning code: parts of the file could not be decoded and were skipped (:func:`damage_warning`)."""
+
+
+def damage_warning(packets: int, lost_s: float) -> dict:
+    """The result warning for ``packets`` stretches of the stream that could not be decoded (damaged
+    packets skipped, or a container that could not be read to its end), about ``lost_s`` seconds of audio
+    in all: ``{code, message, count}``."""
+    return {"code": DAMAGED_CODE, "count": packets,
+            "message": f"{packets} damaged part(s) of the audio could not be decoded and were skipped (about "
+                       f"{lost_s:.1f} s of audio); decoding resumed after each, so the times after a damaged "
+                       "part may be early by up to what it held"}
+
+
 @dataclass(frozen=True)
 class PcmFormat:
     """The layout of a decoded-audio body: float32 little endian, channel-major (``[channels, frames]`` in
@@ -85,6 +99,8 @@ class PcmFormat:
         frontend: how the samples were mixed and resampled (``transcription.audio.Frontend``: ``ffmpeg`` or
             ``librosa``); the engine refuses samples decoded for another family than its own (``""``: not
             stated, taken as they are).
+        damaged, damaged_s: stretches of the source the decoder skipped as undecodable and the seconds of
+            audio they held (:func:`damage_warning`, also in the result's warnings).
     """
 
     channels: int
@@ -97,6 +113,8 @@ class PcmFormat:
     nonfinite: int = 0
     source_values: int = 0
     frontend: str = ""
+    damaged: int = 0
+    damaged_s: float = 0.0
 
     @property
     def nbytes(self) -> int:
@@ -126,4 +144,8 @@ class PcmFormat:
         counts = (fmt.nonfinite, fmt.source_values)
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts):
             raise ValueError(f"the PCM header's nonfinite and source_values must be integers >= 0: {raw}")
+        if not (isinstance(fmt.damaged, int) and not isinstance(fmt.damaged, bool) and fmt.damaged >= 0
+                and isinstance(fmt.damaged_s, (int, float)) and not isinstance(fmt.damaged_s, bool)
+                and 0 <= fmt.damaged_s < float("inf")):
+            raise ValueError(f"the PCM header's damaged and damaged_s must be numbers >= 0: {raw}")
         return fmt

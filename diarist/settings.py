@@ -244,9 +244,9 @@ class Settings(EnvSettings):
     max_duration_s: float | None = Field(None, description="Longer audio gets 422 too_long. Unset: the model "
                                          "family's limit (whisper 6 h, moss-td what its context holds, 89.4 min; "
                                          "transcription/limits.py); set, it can only lower that.")
-    min_duration_s: float = Field(0.0, description="Shorter audio gets 422 too_short; 0 (the default) takes any "
-                                  "audio with samples, and a clip too short to hold speech gets an empty "
-                                  "transcript with no_speech (OpenAI's API refuses under 0.1).")
+    min_duration_s: float | None = Field(None, description="Shorter audio gets 422 too_short. Unset: 0.1 s, "
+                                         "the documented minimum (transcription/limits.py MIN_DURATION_S, as "
+                                         "OpenAI's API); set, it can only raise that.")
     api_threads: int = Field(256, description="Worker threads for sync routes and SSE streams in the API.")
     url_fetch_timeout_s: float = Field(60.0, description="Timeout for fetching an `audio_url`.")
     sync_timeout_s: float = Field(3600.0, description="Longest the OpenAI-compatible route waits for a result; "

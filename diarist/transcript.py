@@ -64,7 +64,8 @@ class Segment(BaseModel):
     ``repetition`` (its window still looped after every temperature fallback: text may be missing),
     ``repetitive`` (its text compresses like a loop: a hallucinated repetition, or speech that repeats) or
     ``low_confidence`` (every attempt's mean log-probability was low: words may be wrong); see
-    ``transcription.decode_quality``.
+    ``transcription.decode_quality``. ``language`` is the language its window was decoded in (multilingual
+    Whisper, which detects it per window: ``transcription.language``), else ``None``.
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
@@ -77,6 +78,7 @@ class Segment(BaseModel):
     words: list[Word] | None = None
     channel: int | None = None
     flags: list[str] | None = None
+    language: str | None = None
 
 
 class SpeakerTurn(BaseModel):
@@ -231,7 +233,8 @@ class Transcript(BaseModel):
                     for w in s["words"]
                 ]
             segments.append(Segment(id=len(segments), speaker=speaker, start=_ms(s["start"]), end=_ms(s["end"]),
-                                    text=s["text"], words=words, channel=s["channel"], flags=s["flags"]))
+                                    text=s["text"], words=words, channel=s["channel"], flags=s["flags"],
+                                    language=s.get("language")))
 
         turns = None
         if result.turns is not None:
@@ -331,7 +334,8 @@ def _clamp_segments(raw: list[ResultSegment], duration: float) -> list[dict]:
                 words.append({"word": w.word, "start": ws, "end": we, "speaker": w.speaker})
                 prev_end = we
         out.append({"speaker": s.speaker, "start": start, "end": end, "text": text, "words": words,
-                    "channel": s.channel, "flags": s.flags or None})
+                    "channel": s.channel, "flags": s.flags or None,
+                    "language": s.extra.get("language") if isinstance(s.extra.get("language"), str) else None})
     return out
 
 

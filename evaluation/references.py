@@ -3,15 +3,17 @@
 One folder per item; references sit beside the audio: ``<stem>.txt`` (exact
 transcript; empty = no speech expected), ``<stem>.APPROX.txt`` (approximate
 transcript), ``<stem>.stm`` (speaker-attributed transcript), ``<stem>.speakers.txt``
-(one speaker label per line of ``<stem>.txt``, in order: the same transcript,
-speaker-attributed), ``<stem>.rttm`` (speaker turns), ``<stem>.ch<N>_<name>.txt`` (one
+(speaker-attributed, in either of two forms: ``speaker: text`` on every line, a transcript of its own,
+or one bare speaker label per line of ``<stem>.txt``, in order), ``<stem>.rttm`` (speaker turns),
+``<stem>.ch<N>_<name>.txt`` (one
 speaker per channel). Several audio files may share one reference (``jfk.flac``/``jfk.mp3``
 -> ``jfk.txt``, ``yes_1000ms.wav`` -> ``yes.txt``): the reference named after the longest
 prefix of the audio stem cut at ``.`` or ``_`` is used.
 
 Nothing is skipped silently: :func:`discover` returns every audio file, and those without a
-reference come with the reason (:class:`NotScored`): no reference file in the folder, or
-reference files whose names match no audio of the folder (named with the rule above).
+reference come with the exact reason (:class:`NotScored`): no reference file in the folder, reference
+files whose names match no audio of the folder (named with the rule above), or references that all
+belong to other audio files of the folder (a copy renamed so that no reference's name is a prefix of it).
 Loading never raises for a bad file: problems become messages in ``References.errors``.
 """
 
@@ -94,20 +96,31 @@ def discover(data_dir: Path) -> tuple[list[Item], list[NotScored]]:
             if channels:
                 break
         item = Item(item_id, audio, txt, suffix == ".APPROX.txt", stm, rttm, channels, speakers)
-        if txt or stm or rttm:
+        if txt or stm or rttm or speakers:
             items.append(item)
         else:
             audio_without.append(item)
     used = _used(items)
+    owners: dict[Path, list[str]] = {}
+    for i in items:
+        for p in (i.txt, i.stm, i.rttm, i.speakers_txt, *i.channel_txts):
+            if p is not None:
+                owners.setdefault(p, []).append(i.audio.name)
     skipped = []
+    naming = ("a reference is named after the audio ({stem}.txt/.stm/.rttm/.speakers.txt) or after a prefix "
+              "of its name cut at '.' or '_'")
     for item in audio_without:
-        strays = sorted(p.name for p in item.audio.parent.iterdir() if _is_reference(p) and p not in used)
+        beside = [p for p in sorted(item.audio.parent.iterdir()) if _is_reference(p)]
+        strays = [p.name for p in beside if p not in used]
+        taken = [f"{p.name} ({', '.join(owners[p])})" for p in beside if p in used]
+        rule = naming.format(stem=item.audio.stem)
         if strays:
-            reason = (f"name mismatch: {', '.join(strays)} beside it match no audio file; a reference is named "
-                      f"after the audio ({item.audio.stem}.txt/.stm/.rttm/.speakers.txt) or after a prefix of its "
-                      f"name cut at '.' or '_'")
+            reason = f"name mismatch: {', '.join(strays)} beside it match no audio file; {rule}"
+        elif taken:
+            reason = (f"no reference named after it: the references beside it belong to other audio files: "
+                      f"{'; '.join(taken)}; {rule}")
         else:
-            reason = "no reference file (.txt, .stm or .rttm) beside it"
+            reason = "no reference file (.txt, .stm, .rttm or .speakers.txt) beside it"
         skipped.append(NotScored(item.id, reason))
     return items, skipped
 
@@ -203,11 +216,13 @@ def load_references(item: Item) -> References:
             refs.errors.append(str(e))
         except Exception as e:  # noqa: BLE001 - meeteval raises assorted errors for malformed lines
             refs.errors.append(f"cannot parse STM file {item.stm}: {type(e).__name__}: {e}")
-    if item.speakers_txt is not None and refs.speaker_lines is None and refs.text is not None:
+    if item.speakers_txt is not None and refs.speaker_lines is None:
         try:
             refs.speaker_lines = _speaker_lines(refs.text, item.speakers_txt.read_text(encoding="utf-8"),
                                                 item.speakers_txt)
             refs.speaker_source = "speakers.txt"
+            if refs.text is None:  # ``speaker: text`` lines: the transcript itself
+                refs.text = "\n".join(line.text for line in refs.speaker_lines)
         except ReferenceFileError as e:
             refs.errors.append(str(e))
         except (OSError, UnicodeDecodeError) as e:
@@ -231,11 +246,32 @@ def load_references(item: Item) -> References:
     return refs
 
 
-def _speaker_lines(text: str, speakers: str, path: Path) -> list[SpeakerLine]:
-    """Pair each non-empty line of the transcript with the speaker on the same line of ``speakers``."""
+_SPEAKER_TEXT = re.compile(r"^([^:]{1,64}?)\s*:\s+(\S.*)$")
+"""A ``speaker: text`` line: a label of at most 64 characters without a colon, a colon, then the text."""
+
+
+def _speaker_lines(text: str | None, speakers: str, path: Path) -> list[SpeakerLine]:
+    """Speaker-attributed lines of a ``.speakers.txt`` file, in either form: ``speaker: text`` on every
+    non-empty line (the file is the transcript), or one bare label per line, paired in order with the
+    non-empty lines of the transcript ``text`` (``<stem>.txt``).
+
+    Raises:
+        ReferenceFileError: the forms are mixed, bare labels have no transcript, or the counts differ.
+    """
+    rows = [x.strip() for x in speakers.splitlines() if x.strip()]
+    pairs = [_SPEAKER_TEXT.match(r) for r in rows]
+    if rows and all(pairs):
+        return [SpeakerLine(m.group(1).strip(), m.group(2).strip()) for m in pairs if m]
+    if any(pairs):
+        n = sum(1 for m in pairs if m)
+        raise ReferenceFileError(f"speakers file {path} mixes {n} 'speaker: text' lines with {len(rows) - n} "
+                                 "bare labels (use one form: 'speaker: text' on every line, or one label per "
+                                 "transcript line)")
+    if text is None:
+        raise ReferenceFileError(f"speakers file {path} has bare labels but there is no transcript (.txt) for "
+                                 "them to label (or write 'speaker: text' on every line)")
     lines = [x.strip() for x in text.splitlines() if x.strip()]
-    labels = [x.strip() for x in speakers.splitlines() if x.strip()]
-    if len(lines) != len(labels):
-        raise ReferenceFileError(f"speakers file {path} has {len(labels)} labels for the {len(lines)} lines of "
+    if len(lines) != len(rows):
+        raise ReferenceFileError(f"speakers file {path} has {len(rows)} labels for the {len(lines)} lines of "
                                  "its transcript (one label per transcript line, in order)")
-    return [SpeakerLine(spk, line) for spk, line in zip(labels, lines, strict=True)]
+    return [SpeakerLine(spk, line) for spk, line in zip(rows, lines, strict=True)]

@@ -30,6 +30,7 @@ import zlib
 from dataclasses import dataclass
 
 from engine.request import FinishReason, Sequence
+from transcription.whisper.decoding import forced_tokens
 
 TEMPERATURE_STEP = 0.2
 """How much hotter each retry of a failed decode samples (openai-whisper's
@@ -172,7 +173,7 @@ def _round(x: float | None) -> float | None:
 def assess(seq: Sequence, text: str, vad_confidence: float | None = None) -> AttemptQuality:
     """The checks of a finished attempt: ``text`` is its whole decoded text (special tokens dropped);
     ``vad_confidence`` the VAD's mean speech probability over the window (``None``: unknown)."""
-    lps = seq.output_logprobs
+    lps = seq.output_logprobs[forced_tokens(seq) :]  # forced tokens (language, task) were not decoded
     return AttemptQuality(temperature=seq.sampling.temperature, finish_reason=seq.finish_reason,
                           compression_ratio=compression_ratio(text),
                           avg_logprob=sum(lps) / len(lps) if lps else 0.0,

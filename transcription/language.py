@@ -5,11 +5,13 @@
   (``unsupported_language``, ``unsupported_task``) instead of producing English-sounding text. Their
   result says the language was ``assumed``.
 * Multilingual checkpoints (base) decode in the requested language when one is given (``requested``);
-  otherwise the language is detected as OpenAI's ``whisper.decoding.detect_language`` does: one decoder
-  step after ``<|startoftranscript|>`` on the recording's first speech window, a softmax over the
-  language-token logits only, the most probable language wins (``detected``, with its probability). The
-  window is the one the VAD packed first, so leading silence or music does not decide the language.
-  Every window of the recording is then decoded with that language token.
+  otherwise the language is detected in **every window** as OpenAI's ``whisper.decoding.detect_language``
+  does: at the decoder step after ``<|startoftranscript|>``, a softmax over the language-token logits only,
+  the most probable language wins. That step is the window's own first step (its language token is then
+  forced, :class:`transcription.whisper.decoding.WindowStart`), so detection costs no extra encoder pass,
+  and a recording that switches language is transcribed in each language. Each segment carries its window's
+  language; the recording's ``language`` (``detected``) is the one of the most transcribed seconds, its
+  probability the seconds-weighted mean of those windows', and ``languages`` lists the seconds of each.
 * ``task="translate"`` (``<|translate|>``: speech in any language, English text out) is used only when a
   request asks for it; the default is ``transcribe``.
 """
@@ -23,7 +25,7 @@ from typing import Literal
 import torch
 
 from diarist.contract.options import TASKS
-from engine.request import FinishReason, RequestRejected, Sequence
+from engine.request import RequestRejected
 from engine.tokenizer import TextTokenizer
 from transcription.whisper.decoding import WhisperTokens
 
@@ -133,34 +135,8 @@ class WhisperLanguages:
         return LanguageChoice(found.code, "detected", found.probability, task) if found else \
             LanguageChoice(None, None, None, task)
 
-    def detection_sequence(self, mel: torch.Tensor, admission_class: str = "default") -> Sequence:
-        """A one-token engine sequence on ``mel`` (one window, ``[n_mels, 3000]``) whose only possible output
-        is a language token; read it with :meth:`detected`."""
-        probe = _LanguageProbe(self._ids)
-        return Sequence(prompt_ids=[self.tokens.sot], max_new_tokens=1, stop_token_ids=(),
-                        mm_inputs={"mel": mel}, logits_processor=probe, admission_class=admission_class,
-                        tag="language")
-
-    def detected(self, seq: Sequence) -> LanguageChoice | None:
-        """The language a finished :meth:`detection_sequence` found (``None`` if it was aborted)."""
-        probe = seq.logits_processor
-        if seq.finish_reason == FinishReason.ABORT or not isinstance(probe, _LanguageProbe) or probe.probs is None:
-            return None
-        best = int(probe.probs.argmax())
-        return LanguageChoice(self.code_of[int(self._ids[best])], "detected", min(1.0, float(probe.probs[best])))
-
-
-class _LanguageProbe:
-    """Logits processor of a detection sequence: keeps the softmax over the language tokens of its first
-    (only) step and leaves only those tokens possible."""
-
-    def __init__(self, ids: torch.Tensor) -> None:
-        self.ids = ids
-        self.probs: torch.Tensor | None = None
-
-    def __call__(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
-        lang = logits[self.ids].float()
-        self.probs = torch.softmax(lang, dim=-1)
-        out = torch.full_like(logits, -float("inf"))
-        out[self.ids] = logits[self.ids]
-        return out
+    @property
+    def ids(self) -> torch.Tensor:
+        """int64 ``[languages]``: the language token ids, in token order (a detection's candidates,
+        :class:`transcription.whisper.decoding.WindowStart`)."""
+        return self._ids

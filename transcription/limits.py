@@ -22,6 +22,12 @@ import math
 from transcription.audio import SAMPLE_RATE
 
 DEFAULT_MARKER_EVERY_S = 2  # engine.models.moss_td_prompt's default (the test checks they agree)
+MIN_DURATION_S = 0.1
+"""Shortest recording taken (seconds); shorter ones are refused ``too_short`` at the API's intake (where
+``DIARIST_MIN_DURATION_S`` may raise it) and by the transcriber (the CLI, the engine server). 0.1 s is the
+minimum of OpenAI's transcription API, whose routes we mirror; a shorter clip holds at most a fragment of
+one phoneme (speech sounds last about 50-200 ms), so no transcript of it could be right, and refusing it
+says so where an empty ``no_speech`` transcript would claim silence."""
 WHISPER_MAX_DURATION_S = 6 * 3600.0
 """Longest recording the Whisper cascade takes (seconds); see the module docstring for the memory it needs."""
 MOSS_TD_CONTEXT = 131_072
@@ -77,6 +83,11 @@ def moss_td_max_duration_s(context: int = MOSS_TD_CONTEXT, marker_every_s: int =
 
 MAX_DURATION_S: dict[str, float] = {"whisper": WHISPER_MAX_DURATION_S, "moss-td": MOSS_TD_MAX_DURATION_S}
 """The longest recording (seconds) each family takes at submit (keys: :data:`engine.config.MODEL_FAMILIES`)."""
+
+
+def too_short_message(duration_s: float, minimum_s: float = MIN_DURATION_S) -> str:
+    """The ``too_short`` refusal's message (one wording for the API, the engine server and the CLI)."""
+    return f"the audio lasts {duration_s:.3g} s; the minimum is {minimum_s:g} s"
 
 
 def max_duration_s(family: str) -> float:

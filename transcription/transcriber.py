@@ -18,8 +18,10 @@ from diarist.contract.result import SpeakerEmbedding, TranscriptionResult
 from engine.engine import Engine
 from engine.request import RequestRejected
 from transcription.audio import DecodedAudio, decode_audio
+from transcription.audio.decode import downmix
 from transcription.diarization.voices import result_spans, sample_embedding, speaker_embeddings
 from transcription.errors import EngineError, Rejected
+from transcription.limits import MIN_DURATION_S, too_short_message
 from transcription.pipeline import pipeline_class
 from transcription.progress import EventFn
 from transcription.result import finish_result, speaker_hint_warnings
@@ -83,7 +85,8 @@ class Transcriber:
         Raises:
             AudioError: undecodable input (codes in :class:`transcription.audio.AudioError`).
             Rejected: (also an :class:`engine.request.RequestRejected`) the recording cannot fit the model's
-                context, or is longer than its pipeline's bound (``too_long``, :mod:`transcription.limits`); a language the model does not
+                context, or is longer than its pipeline's bound (``too_long``, :mod:`transcription.limits`), or
+                shorter than :data:`transcription.limits.MIN_DURATION_S` (``too_short``); a language the model does not
                 transcribe (``unsupported_language``); a task it cannot do (``unsupported_task``: translate
                 on an English-only model or on MOSS-TD).
             EngineError: a sequence failed inside the engine.
@@ -117,13 +120,15 @@ class Transcriber:
         t0 = time.perf_counter()
         if isinstance(source, DecodedAudio):  # decoded by the caller (a worker): nothing to do here
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
-                source, samples=source.samples.mean(axis=0, keepdims=True))
+                source, samples=downmix(source.samples, self.frontend))
         else:
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if audio.duration > self.max_duration_s:  # the pipeline's memory bound
             raise Rejected("too_long", f"the audio lasts {audio.duration:.0f} s; {self.pipeline.bound_holder} "
                                        f"takes at most {self.max_duration_s:g} s ({self.max_duration_s / 3600:g} h)")
+        if audio.duration < MIN_DURATION_S:
+            raise Rejected("too_short", too_short_message(audio.duration))
         if on_event:
             on_event("queued", {"duration": audio.duration})
         result = self.pipeline.transcribe(audio, opts, on_event, should_cancel)

@@ -8,7 +8,8 @@ import av
 import numpy as np
 import pytest
 
-from tests.conftest import data_file
+from tests.conftest import data_file, pcm16_wav
+from transcription.limits import MIN_DURATION_S
 
 
 def video_without_audio() -> bytes:
@@ -142,17 +143,17 @@ def test_limits(app_with):
     assert r.status_code == 422 and r.json()["error"]["code"] == "too_short"
 
 
-def test_a_30_ms_clip_is_an_empty_transcript_not_an_error(client, wait_job):
-    """Issue 4's tiny-input case through the API: by default a clip too short to hold speech is accepted
-    and completes with an empty transcript flagged ``no_speech`` (finish_reason ``stop``)."""
-    r = client.post("/v1/jobs", files={"file": ("yes_30ms.wav", data_file("en_short_yes/yes_30ms.wav").read_bytes())})
-    assert r.status_code == 202, r.text
-    job = wait_job(client, r.json()["id"])
-    assert job["status"] == "completed", job
-    t = client.get(f"/v1/jobs/{job['id']}/transcript").json()
-    assert t["segments"] == [] and t["speakers"] == [] and t["no_speech"] is True and t["finish_reason"] == "stop"
-    assert t["turns"] == []
-    assert abs(t["duration"] - 0.03) < 1e-6
+@pytest.mark.parametrize("clip", ["30ms", "3_samples"])
+def test_a_clip_shorter_than_the_documented_minimum_is_too_short(client, clip):
+    """A clip too short to hold a phoneme is refused at submit (``transcription.limits.MIN_DURATION_S``),
+    not accepted as a job that completes with an empty transcript; nothing is stored."""
+    audio = (data_file("en_short_yes/yes_30ms.wav").read_bytes() if clip == "30ms"
+             else pcm16_wav(np.full(3, 1000, np.int16)))
+    before = len(client.get("/v1/jobs").json()["data"])
+    r = client.post("/v1/jobs", files={"file": ("short.wav", audio)})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "too_short", r.text
+    assert f"minimum is {MIN_DURATION_S:g} s" in r.json()["error"]["message"]
+    assert len(client.get("/v1/jobs").json()["data"]) == before  # no job was created
 
 
 def test_webhook_url_to_private_address_is_refused_without_allow_list(app_with):

@@ -291,7 +291,7 @@ def test_every_audio_file_is_scored_or_listed_with_its_reason(tmp_path, capsys):
     reasons = {n["id"]: n["reason"] for n in report["not_scored"]}
     assert set(reasons) == {"renamed/meeting.wav", "bare/song.ogg"}
     assert reasons["renamed/meeting.wav"].startswith("name mismatch: meeting_ref.rttm beside it match no audio")
-    assert reasons["bare/song.ogg"] == "no reference file (.txt, .stm or .rttm) beside it"
+    assert reasons["bare/song.ogg"] == "no reference file (.txt, .stm, .rttm or .speakers.txt) beside it"
     assert report["unmatched_references"] == ["renamed/meeting_ref.rttm"]
     # the CLI prints them in its table, not only in the JSON
     parser = argparse.ArgumentParser(prog="diarist")
@@ -330,6 +330,52 @@ def test_speakers_txt_makes_the_transcript_speaker_attributed(tmp_path):
             "(one label per transcript line, in order)")
     assert bad["reference_errors"] == [want]
     assert bad["wer"] is not None and bad.get("cpwer") is None  # WER still scored from the .txt
+
+
+def test_speakers_txt_in_the_speaker_colon_text_form_is_the_transcript(tmp_path):
+    """``speaker: text`` lines are read as a speaker-attributed transcript of their own (no ``.txt``
+    needed, the labels never counted as words); bare labels without a transcript, and mixed forms, are
+    reported."""
+    d = tmp_path / "data" / "call"
+    d.mkdir(parents=True)
+    (d / "c.wav").write_bytes(b"")
+    (d / "c.speakers.txt").write_text("Ann: Hello, this is Ann.\nBob: Hi Ann, Bob here.\nAnn: How are you?\n")
+    (d / "mixed.wav").write_bytes(b"")
+    (d / "mixed.txt").write_text("one\ntwo\n")
+    (d / "mixed.speakers.txt").write_text("Ann: one\nbob\n")
+    (d / "lone.wav").write_bytes(b"")
+    (d / "lone.speakers.txt").write_text("ann\nbob\n")
+
+    def hyp(path, **hints):
+        return engine_result([{"speaker": 1, "start": 0.0, "end": 2.0, "text": "Hello, this is Ann."},
+                              {"speaker": 2, "start": 2.0, "end": 3.0, "text": "Hi Ann, Bob here."},
+                              {"speaker": 1, "start": 3.0, "end": 4.0, "text": "How are you?"}], 4.0)
+
+    report = evaluate(tmp_path / "data", hyp)
+    by = {r["id"]: r for r in report["items"]}
+    c = by["call/c.wav"]
+    assert c["wer"] == 0 and c["cpwer"] == 0 and c["cp_reference"] == "speakers.txt" and c["ref_speakers"] == 2
+    assert report["not_scored"] == [] and report["unmatched_references"] == []
+    assert "mixes 1 'speaker: text' lines with 1 bare labels" in by["call/mixed.wav"]["reference_errors"][0]
+    assert by["call/mixed.wav"]["wer"] is not None  # the .txt still scores WER
+    assert "bare labels but there is no transcript" in by["call/lone.wav"]["error"]
+
+
+def test_a_copy_whose_reference_is_named_for_another_file_is_reported_as_such(tmp_path):
+    """An 8 kHz copy renamed so that no reference's name is a prefix of its own: the reference beside it
+    is another file's, which the reason says (it used to say that there was no reference at all)."""
+    d = tmp_path / "data" / "timit"
+    d.mkdir(parents=True)
+    for name in ("LDC93S1.wav", "LDC93S1_8000.wav", "LDC93S1-8k.wav"):
+        (d / name).write_bytes(b"")
+    (d / "LDC93S1.txt").write_text("she had your dark suit\n")
+    report = evaluate(tmp_path / "data", lambda p, **h: engine_result(
+        [{"speaker": 0, "start": 0.0, "end": 1.0, "text": "she had your dark suit"}], 2.0))
+    assert sorted(r["id"] for r in report["items"]) == ["timit/LDC93S1.wav", "timit/LDC93S1_8000.wav"]
+    (n,) = report["not_scored"]
+    assert n["id"] == "timit/LDC93S1-8k.wav"
+    assert n["reason"].startswith("no reference named after it: the references beside it belong to other audio "
+                                  "files: LDC93S1.txt (LDC93S1.wav, LDC93S1_8000.wav)")
 
 
 def test_totals_pool_as_jiwer_meeteval_and_pyannote_do(tmp_path):

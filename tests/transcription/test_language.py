@@ -140,3 +140,77 @@ def test_words_of_languages_without_spaces_are_characters():
     assert len(_words(tok, ids)) == 1  # no space: one "word" without the switch
     assert [w for w, *_ in _words(tok, tok.encode(" Das ist gut."), split_characters=False)] == \
         [" Das", " ist", " gut."]
+
+
+@pytest.mark.slow
+def test_english_only_on_japanese_speech_is_incomplete_and_says_the_language_may_not_be_english(tiny):
+    """tiny.en writes the Japanese clip as invented English and fails every attempt (mean log-probability
+    below -1); the result says so instead of passing the text off as a complete English transcript."""
+    r = tiny.transcribe(data_file("ja_picovoice_test_ja/test_ja.wav"), TranscribeOptions(diarize=False))
+    assert any(w["status"] == "failed" for w in r.windows)
+    assert r.incomplete and "every decode attempt failed" in r.incomplete_reason
+    codes = {w["code"] for w in r.warnings}
+    assert {"failed_windows", "language_may_not_be_english"} <= codes
+
+
+# -- per-window language and the no-speech probability of multilingual windows ---------------------------
+
+
+def test_a_multilingual_window_reads_no_speech_and_its_language_at_the_start_of_transcript_step():
+    """The prompt ends at <|startoftranscript|>; the first step records the no-speech probability (softmax
+    of the raw logits, as OpenAI reads it at sot) and forces the most probable language token, the second
+    forces the task, and the timestamp rules start at the third (a timestamp first)."""
+    import torch
+
+    from engine.request import Sequence
+    from transcription.whisper.decoding import FORCED_START, WhisperTimestampRules, WindowStart, forced_tokens
+
+    t = WhisperTokens.from_vocab(51865)
+    langs = torch.tensor([t.language_base, t.language_base + 1, t.language_base + 2])
+    rules = WhisperTimestampRules(t, [], [220, t.eot])
+    seq = Sequence(prompt_ids=whisper_prompt(t, forced_start=True), max_new_tokens=10, stop_token_ids=(t.eot,))
+    seq.mm_state[FORCED_START] = WindowStart(t.transcribe, None, langs)
+    assert seq.prompt_ids == [t.sot] and forced_tokens(seq) == 2
+    logits = torch.zeros(51865)
+    logits[t.no_speech] = 3.0
+    logits[t.language_base + 2] = 2.0
+    x = rules(seq, logits)
+    want = float(torch.softmax(logits, -1)[t.no_speech])
+    assert seq.mm_state["no_speech_prob"] == pytest.approx(want)
+    assert int(x.argmax()) == t.language_base + 2 and torch.isinf(x).sum() == 51864
+    assert seq.mm_state["language_id"] == t.language_base + 2
+    p = torch.softmax(torch.tensor([0.0, 0.0, 2.0]), -1)[2]
+    assert seq.mm_state["language_probability"] == pytest.approx(float(p))
+    seq.output_ids.append(int(x.argmax()))
+    assert int(rules(seq, logits).argmax()) == t.transcribe
+    seq.output_ids.append(t.transcribe)
+    x = rules(seq, torch.zeros(51865))  # the transcript's first step: only timestamps up to 1 s
+    assert torch.isinf(x[: t.timestamp_begin]).all() and not torch.isinf(x[t.timestamp_begin]).any()
+    requested = Sequence(prompt_ids=[t.sot], max_new_tokens=10, stop_token_ids=(t.eot,))
+    requested.mm_state[FORCED_START] = WindowStart(t.translate, t.language_base + 1)
+    assert int(rules(requested, logits).argmax()) == t.language_base + 1  # the requested one, not detected
+    assert "language_probability" not in requested.mm_state
+
+
+@pytest.mark.slow
+def test_base_transcribes_code_switched_speech_in_each_language(base):
+    """The English-then-German licence clip: the German half came out as English (one language per
+    recording, detected on the first window); each window now detects its own and each segment says it."""
+    r = base.transcribe(data_file("multi_en_de_codeswitch_mp3_fasterwhisper/multilingual.mp3"),
+                        TranscribeOptions(diarize=False))
+    langs = [s.extra.get("language") for s in r.segments]
+    assert langs[0] == "en" and langs[-1] == "de" and set(langs) == {"en", "de"}
+    german = " ".join(s.text for s in r.segments if s.extra.get("language") == "de")
+    assert re.search(r"\b(der|die|das|und|zu)\b", german), german
+    assert {x["language"] for x in r.extra["languages"]} == {"en", "de"}
+    assert r.language in ("en", "de") and r.language_source == "detected"
+
+
+@pytest.mark.slow
+def test_base_reads_the_no_speech_probability_and_drops_effects(base):
+    """Big Buck Bunny's effects pass the VAD; base wrote "Mmmmm." for them with no no-speech probability
+    (its prompt ended with language and task tokens); read at <|startoftranscript|>, it drops them."""
+    r = base.transcribe(data_file("nonspeech_mp4_aac_5.1_bigbuckbunny/big_buck_bunny_small.mp4"),
+                        TranscribeOptions(diarize=False))
+    assert r.windows and all(w["no_speech_prob"] is not None for w in r.windows)
+    assert r.segments == [] and r.no_speech is True and not r.incomplete

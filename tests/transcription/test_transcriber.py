@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
+import numpy as np
 import pytest
 
-from tests.conftest import data_file, wav_bytes
+from tests.conftest import data_file, pcm16_wav, wav_bytes
 from transcription.audio import AudioError
+from transcription.errors import Rejected
+from transcription.limits import MIN_DURATION_S
 from transcription.transcriber import TranscribeOptions, Transcriber
+from transcription.whisper.align import MIN_WORD_S
 
 jiwer = pytest.importorskip("jiwer")
 
@@ -44,10 +49,22 @@ def test_demo_recording_two_speakers_and_wer(tr):
     starts = [s.start for s in r.segments]
     assert r.segments and max(s.end for s in r.segments) <= 30.0
     assert len(starts) >= 5
+    # no zero-length words, before or after the speaker assignment trims pieces (issue 33 item 21)
+    for seg in r.segments:
+        words = seg.words or []
+        assert all(w.end - w.start >= MIN_WORD_S - 1e-6 for w in words), seg
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(words)), seg
+
+
+@pytest.mark.parametrize("clip", ["30ms", "3_samples"])
+def test_a_clip_shorter_than_the_documented_minimum_is_too_short(tr, clip):
+    audio = data_file("en_short_yes/yes_30ms.wav") if clip == "30ms" else pcm16_wav(np.full(3, 1000, np.int16))
+    with pytest.raises(Rejected) as e:
+        tr.transcribe(audio)
+    assert e.value.code == "too_short" and f"minimum is {MIN_DURATION_S:g} s" in e.value.message
 
 
 @pytest.mark.parametrize("rel", [
-    "en_short_yes/yes_30ms.wav",
     "silence_and_noise_1s_tflite/silence_1000ms.wav",
     "noise_stationary_picovoice_empty/empty.wav",
 ])

@@ -15,7 +15,14 @@ from enum import Enum
 import numpy as np
 
 from diarist.contract.errors import CodedError
-from diarist.pcm import InvalidSamples, PcmFormat, check_nonfinite, nonfinite_warning, replace_nonfinite
+from diarist.pcm import (
+    InvalidSamples,
+    PcmFormat,
+    check_nonfinite,
+    damage_warning,
+    nonfinite_warning,
+    replace_nonfinite,
+)
 from engine.models.audio_input import SAMPLE_RATE
 
 
@@ -42,6 +49,8 @@ class DecodedAudio:
         codec, container: FFmpeg names.
         nonfinite: NaN/inf sample values of the stream that were replaced by 0 (:mod:`diarist.pcm`), of
             ``source_values`` values decoded.
+        damaged: stretches of the stream that could not be decoded and were skipped (damaged packets, or a
+            container that could not be read to its end); ``damaged_s``: the seconds of audio they held.
     """
 
     samples: np.ndarray
@@ -51,11 +60,14 @@ class DecodedAudio:
     container: str
     nonfinite: int = 0
     source_values: int = 0
+    damaged: int = 0
+    damaged_s: float = 0.0
 
     @property
     def warnings(self) -> list[dict]:
         """Result warnings about the input (``[{code, message, count}]``; empty for clean audio)."""
-        return [nonfinite_warning(self.nonfinite, self.source_values)] if self.nonfinite else []
+        out = [nonfinite_warning(self.nonfinite, self.source_values)] if self.nonfinite else []
+        return out + ([damage_warning(self.damaged, self.damaged_s)] if self.damaged else [])
 
     @property
     def duration(self) -> float:
@@ -72,7 +84,7 @@ class DecodedAudio:
         return PcmFormat(channels=self.samples.shape[0], frames=self.samples.shape[1], sample_rate=SAMPLE_RATE,
                          source_sample_rate=self.source_sample_rate, source_channels=self.source_channels,
                          codec=self.codec, container=self.container, nonfinite=self.nonfinite,
-                         source_values=self.source_values)
+                         source_values=self.source_values, damaged=self.damaged, damaged_s=self.damaged_s)
 
     def pcm_chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
         """The samples as float32 little endian, channel-major, in pieces of ``chunk_bytes`` (a request body
@@ -108,7 +120,7 @@ class DecodedAudio:
             raise AudioError(e.code, e.message) from None
         return cls(samples=samples, source_sample_rate=fmt.source_sample_rate,
                    source_channels=fmt.source_channels, codec=fmt.codec, container=fmt.container,
-                   nonfinite=nonfinite, source_values=values)
+                   nonfinite=nonfinite, source_values=values, damaged=fmt.damaged, damaged_s=fmt.damaged_s)
 
 
 class Frontend(str, Enum):

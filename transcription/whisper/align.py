@@ -23,6 +23,11 @@ from transcription.whisper.decoding import WhisperTokens, split_segments
 
 FRAME_S = 2 * HOP_LENGTH / SAMPLE_RATE
 """Seconds per encoder frame (0.02: the encoder's stride-2 conv over 10 ms mel frames)."""
+MIN_WORD_S = FRAME_S
+"""Shortest word (seconds): one encoder frame, the alignment's resolution. DTW may enter several token
+rows at one frame (short function words, a word right after a pause), which gave words with
+``end == start``; every spoken word occupies at least the frame its first token is aligned to, and a finer
+time is beyond what the alignment can tell."""
 MEDIAN_WIDTH = 7
 """Median filter width in encoder frames (OpenAI's value)."""
 _PUNCT = set(string.punctuation) | set("。，！？：”、")
@@ -185,7 +190,9 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
             (Chinese, Japanese, Thai, ...: :data:`transcription.language.CHARACTER_LANGUAGES`).
     Returns:
         ``[{"word", "start", "end", "tokens", "segment"}]`` in order, times in seconds from the window
-        start, ``0 <= start <= end <= num_frames / 100``, each start at or after the previous end;
+        start, ``0 <= start < end <= num_frames / 100``, each word at least :data:`MIN_WORD_S` long (fewer
+        only when the window cannot hold them all: :func:`keep_min_duration`), each start at or after the
+        previous end;
         ``word`` keeps its leading space, ``tokens`` are its ids, ``segment`` is the index of its segment
         in ``split_segments(tokens, output_ids, num_frames / 100)``.
         Empty when there is no text. Raises ``ValueError`` when ``alignment_heads`` is empty.
@@ -197,7 +204,12 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
     if not text:
         return []
     sot = prompt_ids.index(tt.sot) if tt.sot in prompt_ids else 0
-    sot_seq = list(prompt_ids[sot:])
+    lead = []  # language and task tokens a multilingual window's decoder was forced to output first
+    for t in output_ids:
+        if not tt.eot < t < tt.timestamp_begin:
+            break
+        lead.append(t)
+    sot_seq = [*prompt_ids[sot:], *lead]
     room = model.config.max_target_positions - len(sot_seq) - 2
     text = text[:room]
     tokens = [*sot_seq, tt.no_timestamps, *text, tt.eot]
@@ -218,11 +230,32 @@ def align_words(model, tokenizer, encoder_states: torch.Tensor, prompt_ids: list
         out.append({"word": word, "start": float(row_time[a]), "end": float(row_time[spoken]), "tokens": text[a:b]})
         seg_of.append(int(np.searchsorted(first_tok, a, side="right")) - 1)
     _tidy(out, segments, seg_of)
-    prev = 0.0
-    for w in out:
-        w["start"] = round(min(max(w["start"], prev), limit), 3)
-        w["end"] = round(min(max(w["end"], w["start"]), limit), 3)
-        w["segment"] = seg_of.pop(0)
-        prev = w["end"]
+    keep_min_duration(out, MIN_WORD_S, 0.0, limit)
+    for w, seg in zip(out, seg_of):
+        w["start"], w["end"], w["segment"] = round(w["start"], 3), round(w["end"], 3), seg
     return out
 
+
+def keep_min_duration(words: list[dict], min_s: float, lo: float, hi: float) -> None:
+    """Give every word at least ``min_s`` seconds without overlapping its neighbours (in place).
+
+    ``words``: ``[{"start", "end", ...}]`` in spoken order, seconds, to be kept in ``[lo, hi]`` (a window,
+    a segment). A forward pass makes each word start at or after the previous word's end and last at least
+    ``min_s`` (a word the alignment gave no time pushes the next one only as far as needed: a longer word
+    absorbs the push); a backward pass brings words that the push moved past ``hi`` back inside. ``min_s``
+    is lowered to ``(hi - lo) / len(words)`` when the words cannot all have it. Afterwards
+    ``lo <= start < end <= next start`` and ``end <= hi`` (nothing changes when ``hi <= lo``).
+    """
+    if not words or hi <= lo:
+        return
+    min_s = min(min_s, (hi - lo) / len(words))
+    prev = lo
+    for w in words:
+        w["start"] = min(max(w["start"], prev), hi)
+        w["end"] = max(min(w["end"], hi), w["start"] + min_s)
+        prev = w["end"]
+    nxt = hi
+    for w in reversed(words):
+        w["end"] = min(w["end"], nxt)
+        w["start"] = max(lo, min(w["start"], w["end"] - min_s))
+        nxt = w["start"]

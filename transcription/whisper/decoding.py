@@ -48,13 +48,65 @@ class WhisperTokens:
                    language_base=50259)
 
 
+FORCED_START = "start"
+"""``seq.mm_state`` key of a multilingual window's :class:`WindowStart`."""
+
+
+@dataclass(frozen=True)
+class WindowStart:
+    """How a multilingual window's decode begins: its prompt ends at ``<|startoftranscript|>`` and its first
+    two output tokens are forced, the language then the task, so that the first step's logits are those at
+    ``<|startoftranscript|>``: where OpenAI Whisper reads the no-speech probability
+    (``whisper/decoding.py``: ``logits[:, sot_index]``) and detects the language (``detect_language``: a
+    softmax over the language tokens' logits there). One encoder pass serves all three.
+
+    Attributes:
+        task_id: ``<|transcribe|>`` or ``<|translate|>``.
+        language_id: the requested language's token, or ``None`` to take the most probable of
+            ``detect_ids`` (int64 ``[languages]``) at the first step; the choice and its probability are
+            recorded in ``seq.mm_state["language_id"]`` / ``["language_probability"]`` (``None`` when requested).
+    """
+
+    task_id: int
+    language_id: int | None = None
+    detect_ids: torch.Tensor | None = None
+
+    tokens = 2
+    """Output tokens forced before the transcript's own (language, task)."""
+
+    def force(self, seq: Sequence, logits: torch.Tensor, step: int) -> torch.Tensor:
+        """Logits that leave only the token forced at output position ``step`` (0 or 1) possible."""
+        if step == 0:
+            lang = self.language_id
+            if lang is None:
+                assert self.detect_ids is not None
+                probs = torch.softmax(logits[self.detect_ids].float(), dim=-1)
+                best = int(probs.argmax())
+                lang = int(self.detect_ids[best])
+                seq.mm_state["language_probability"] = min(1.0, float(probs[best]))
+            seq.mm_state["language_id"] = lang
+            tok = lang
+        else:
+            tok = self.task_id
+        out = torch.full_like(logits, -float("inf"))
+        out[tok] = 0.0
+        return out
+
+
+def forced_tokens(seq: Sequence) -> int:
+    """How many of ``seq``'s first output ids were forced (:class:`WindowStart`), not decoded."""
+    start = seq.mm_state.get(FORCED_START)
+    return start.tokens if start is not None else 0
+
+
 class WhisperTimestampRules:
     """Per-sequence logits processor: suppression and timestamp pairing rules on float32 ``[vocab]``.
 
     At a sequence's first step it also records the model's no-speech probability (softmax of the raw
     logits at ``<|nospeech|>``, as OpenAI Whisper reads it at ``<|startoftranscript|>``) in
-    ``seq.mm_state["no_speech_prob"]``, when the prompt ends with ``<|startoftranscript|>`` (English-only
-    prompts); after language and task tokens the model gives no such probability and none is recorded.
+    ``seq.mm_state["no_speech_prob"]``, when the prompt ends with ``<|startoftranscript|>``: English-only
+    prompts, and multilingual ones whose language and task tokens are forced as the first two outputs
+    (a :class:`WindowStart` in ``seq.mm_state[FORCED_START]``; the rules then apply from the third).
 
     Args:
         suppress_ids: ids always suppressed (the checkpoint's ``suppress_ids``).
@@ -71,10 +123,15 @@ class WhisperTimestampRules:
 
     def __call__(self, seq: Sequence, logits: torch.Tensor) -> torch.Tensor:
         t, out = self.t, seq.output_ids
-        x = logits.clone()
-        neg = -float("inf")
         if not out and seq.prompt_ids and seq.prompt_ids[-1] == t.sot:
             seq.mm_state["no_speech_prob"] = float(torch.softmax(logits.float(), dim=-1)[t.no_speech])
+        start: WindowStart | None = seq.mm_state.get(FORCED_START)
+        if start is not None:
+            if len(out) < start.tokens:
+                return start.force(seq, logits, len(out))
+            out = out[start.tokens :]
+        x = logits.clone()
+        neg = -float("inf")
         if not out:
             x[self.suppress_begin] = neg
         x[self.suppress] = neg
@@ -100,18 +157,21 @@ class WhisperTimestampRules:
 
 
 def whisper_prompt(tokens: WhisperTokens, prompt_ids: list[int] | None = None, max_prompt: int = 223,
-                   language_id: int | None = None, task_id: int | None = None) -> list[int]:
+                   language_id: int | None = None, task_id: int | None = None, forced_start: bool = False
+                   ) -> list[int]:
     """Decoder prompt: ``[<|startofprev|> prompt...] <|startoftranscript|>`` (English-only, timestamps on).
 
     Multilingual checkpoints add ``<|lang|><|task|>``: ``language_id`` (default ``<|en|>``) and ``task_id``
-    (default ``<|transcribe|>``; :mod:`transcription.language` picks both). ``prompt_ids`` (previous text /
-    vocabulary hints) are cut to their last ``max_prompt`` tokens (OpenAI uses half the 448-token context).
+    (default ``<|transcribe|>``; :mod:`transcription.language` picks both), unless ``forced_start``: then
+    the prompt ends at ``<|startoftranscript|>`` and a :class:`WindowStart` forces both as the first outputs.
+    ``prompt_ids`` (previous text / vocabulary hints) are cut to their last ``max_prompt`` tokens (OpenAI
+    uses half the 448-token context).
     """
     out: list[int] = []
     if prompt_ids:
         out = [tokens.sot_prev, *prompt_ids[-max_prompt:]]
     out.append(tokens.sot)
-    if not tokens.english_only:
+    if not tokens.english_only and not forced_start:
         out += [tokens.language_base if language_id is None else language_id,
                 tokens.transcribe if task_id is None else task_id]
     return out

@@ -23,7 +23,6 @@ from engine.sampling import SamplingParams
 from transcription.audio import SAMPLE_RATE, DecodedAudio, Frontend, log_mel_spectrogram
 from transcription.cancel import Canceled
 from transcription.decode_quality import temperature_schedule
-from transcription.errors import EngineError
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.options import window_budget
@@ -31,14 +30,20 @@ from transcription.progress import EventFn
 from transcription.repetition import RepetitionGuard
 from transcription.result import merge_channels, sequence_metrics, whisper_result
 from transcription.speech import SpeechConfidence, cascade_device, detect_speech, speaker_stage
-from transcription.whisper.decoding import WhisperTimestampRules, WhisperTokens, whisper_prompt
+from transcription.whisper.decoding import (
+    FORCED_START,
+    WhisperTimestampRules,
+    WhisperTokens,
+    WindowStart,
+    whisper_prompt,
+)
 from transcription.whisper.segments import WindowSegments
 from transcription.whisper.window_decoder import WindowDecoder, WindowResult
 from transcription.whisper.window_outcome import (
     incomplete_reason,
-    truncation_warnings,
     window_finish,
     window_metrics,
+    window_warnings,
 )
 from transcription.whisper.windows import Window, pack_windows
 
@@ -121,12 +126,14 @@ class WhisperPipeline:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
         want_words = diarize and opts.word_timestamps
-        first = windows[0]
-        # the first speech window decides the language of all of them (OpenAI whisper's rule)
-        choice = self.languages.choose(opts.language, opts.task, lambda: self._detect_language(
-            self._mel(wave, first), opts, should_cancel))
+        # a multilingual model without a requested language detects it in every window, at the step that
+        # also gives the no-speech probability (WindowStart): code-switched speech keeps each language
+        choice = self.languages.choose(opts.language, opts.task, lambda: None)
         decoder = self._decoder(wave, speech, opts, on_event, want_words, vad_confidence, choice)
         results = decoder.run(windows, should_cancel)
+        detected = self.languages.can_detect and not opts.language
+        if detected:
+            choice = self._recording_language(results, opts.task)
         seqs = decoder.sequences
         segments = [seg for r in results for seg in r.segments]
         finish = window_finish(results, decoder.canceled).value
@@ -148,26 +155,54 @@ class WhisperPipeline:
         no_speech = not segments and all(r.status == "no_speech" for r in results)
         result = whisper_result(self.model_name, duration, segments, finish, metrics, no_speech=no_speech,
                                 language=choice, speech=speech)
-        result["windows"] = [r.as_dict() for r in results]
+        result["windows"] = [r.as_dict() | self._window_language(r) for r in results]
+        if detected:
+            result["languages"] = self._language_seconds(results)
         # windows the model judged non-speech leave the coverage denominator (diarist.completeness)
         result["non_speech"] = [[w["start"], w["end"]] for w in result["windows"] if w["status"] == "no_speech"]
         if finish != FinishReason.ABORT.value and (reason := incomplete_reason(results)) is not None:
             result["incomplete"], result["incomplete_reason"] = True, reason
         if finish != FinishReason.ABORT.value:
-            result["warnings"] = result.get("warnings", []) + truncation_warnings(results)
+            result["warnings"] = result.get("warnings", []) + window_warnings(results, self.tokens.english_only)
         if diarize and finish != FinishReason.ABORT.value:  # no segments: nobody spoke, no turns
             result["turns"] = turns if turns is not None else []
         return result
 
-    def _detect_language(self, mel: torch.Tensor, opts: TranscribeOptions,
-                         should_cancel: Callable[[], bool] | None) -> LanguageChoice | None:
-        """Language of one window (:meth:`WhisperLanguages.detection_sequence`); ``None`` if canceled."""
-        seq = self.languages.detection_sequence(mel, opts.admission_class)
-        self.engine.submit(seq)
-        self.engine.run_until_done([seq], should_cancel=should_cancel)
-        if seq.finish_reason == FinishReason.ERROR:
-            raise EngineError(seq.error or "engine step failed")
-        return self.languages.detected(seq)
+    def _window_language(self, r: WindowResult) -> dict:
+        """``{"language", "language_probability"}`` of a multilingual window (the probability only when it
+        was detected); ``{}`` for an English-only model."""
+        lid = r.seq.mm_state.get("language_id")
+        if lid is None:
+            return {}
+        p = r.seq.mm_state.get("language_probability")
+        return {"language": self.languages.code_of.get(lid), "language_probability": None if p is None else round(p, 4)}
+
+    def _language_seconds(self, results: list[WindowResult]) -> list[dict]:
+        """``[{"language", "seconds"}]``: seconds of transcribed windows per detected language, most first."""
+        secs: dict[str, float] = {}
+        for r in results:
+            code = self._window_language(r).get("language")
+            if code is not None and r.status != "no_speech" and r.segments:
+                secs[code] = secs.get(code, 0.0) + (r.end - r.window.start)
+        return [{"language": c, "seconds": round(v, 3)} for c, v in sorted(secs.items(), key=lambda kv: -kv[1])]
+
+    def _recording_language(self, results: list[WindowResult], task: str) -> LanguageChoice:
+        """The recording's language when each window detected its own: the language of the most transcribed
+        seconds, with its windows' mean probability weighted by their seconds; no language (``None``) when
+        no window had text."""
+        weight: dict[str, float] = {}
+        mass: dict[str, float] = {}
+        for r in results:
+            lang = self._window_language(r)
+            if lang.get("language") is None or r.status == "no_speech" or not r.segments:
+                continue
+            sec = max(r.end - r.window.start, 1e-6)
+            weight[lang["language"]] = weight.get(lang["language"], 0.0) + sec
+            mass[lang["language"]] = mass.get(lang["language"], 0.0) + sec * (lang["language_probability"] or 0.0)
+        if not weight:
+            return LanguageChoice(None, None, None, task)
+        code = max(weight, key=lambda c: weight[c])
+        return LanguageChoice(code, "detected", mass[code] / weight[code], task)
 
     def _mel(self, wave: np.ndarray, w: Window) -> torch.Tensor:
         chunk = torch.from_numpy(wave[int(w.start * SAMPLE_RATE) : int(w.end * SAMPLE_RATE)])
@@ -180,9 +215,11 @@ class WhisperPipeline:
         and task), rules, options and one event inbox (listeners run on the decoder's thread)."""
         language_id, task_id = self.languages.prompt_ids(choice)
         prompt_ids = self.engine.tokenizer.encode(" " + opts.prompt.strip()) if opts.prompt else None
-        prompt = whisper_prompt(self.tokens, prompt_ids, language_id=language_id, task_id=task_id)
+        # multilingual: language (requested, else detected per window) and task are the first two outputs
+        start = None if task_id is None else WindowStart(
+            task_id, language_id if choice.code else None, None if choice.code else self.languages.ids)
+        prompt = whisper_prompt(self.tokens, prompt_ids, forced_start=start is not None)
         inbox = EventInbox(batch_s=self.engine.config.stream_interval_s)
-        by_char = choice.code in CHARACTER_LANGUAGES and choice.task == "transcribe"
         keep = want_words and bool(self.alignment_heads)
         duration = len(wave) / SAMPLE_RATE
         ts0 = self.tokens.timestamp_begin
@@ -190,25 +227,34 @@ class WhisperPipeline:
         def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
             mel = self._mel(wave, w)
             budget = opts.max_new_tokens or window_budget(w.duration)  # the scheduler clamps to the context
+            budget += start.tokens if start is not None else 0
             # Greedy Whisper loops on music, noise and unknown languages ("t-t-t-..."); the guard ends such
             # a window early (timestamps count as one class, so advancing times still form a loop).
             guard = RepetitionGuard(None, min_span=WHISPER_LOOP_MIN_SPAN, canonical=lambda t: min(ts0, t))
-            return Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
-                            mm_inputs={"mel": mel, "keep_encoder": keep or (cut and bool(self.alignment_heads))},
-                            logits_processor=self.rules,
-                            sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
-                            inbox=inbox)
+            seq = Sequence(prompt_ids=list(prompt), max_new_tokens=budget, stop_token_ids=(self.tokens.eot,),
+                           # kept for alignment: words, a cut at a word, a tail's words (dropped once unneeded)
+                           mm_inputs={"mel": mel, "keep_encoder": bool(self.alignment_heads)},
+                           logits_processor=self.rules,
+                           sampling=sampling, stop_checker=guard, tag=w, admission_class=opts.admission_class,
+                           inbox=inbox)
+            if start is not None:
+                seq.mm_state[FORCED_START] = start
+            return seq
 
         def finalize(r: WindowResult) -> list[dict]:
+            code = self._window_language(r).get("language", choice.code)
+            by_char = code in CHARACTER_LANGUAGES and choice.task == "transcribe"
             segs = self.segments.of_window(r.window, r.seq, r.output_ids, duration, want_words, by_char)
-            if r.flag is not None:
-                for seg in segs:
+            for seg in segs:
+                if start is not None:
+                    seg["language"] = code  # the language this window was decoded in
+                if r.flag is not None:
                     seg["flags"] = [r.flag]
             return segs
 
         return WindowDecoder(self.engine, self.tokens, self.engine.tokenizer.decode, new_sequence, finalize,
-                             speech, on_event, vad_confidence, self.segments.cut_at_word,
-                             temperature_schedule(opts.temperature))
+                             speech, on_event, vad_confidence, self.segments.cut_at_word, self.segments.words_end,
+                             temperatures=temperature_schedule(opts.temperature), keep_encoder=keep)
 
     def _diarize(self, wave: np.ndarray, speech: list[tuple[float, float]], segments: list[dict],
                  opts: TranscribeOptions, should_cancel: Callable[[], bool] | None = None
@@ -221,12 +267,16 @@ class WhisperPipeline:
             Canceled: ``should_cancel()`` returned True while the cascade ran.
         """
         from transcription.diarization import assign_speakers, diarize
+        from transcription.whisper.align import MIN_WORD_S, keep_min_duration
 
         turns = diarize(wave, speech, num_speakers=opts.num_speakers, min_speakers=opts.min_speakers,
                         max_speakers=opts.max_speakers, device=self.cascade_device,
                         should_cancel=should_cancel, stage=self.speaker_stage)
-        return assign_speakers(segments, turns), [{"start": t.start, "end": t.end, "speaker": t.speaker}
-                                                  for t in turns]
+        pieces = assign_speakers(segments, turns)
+        for seg in pieces:  # a piece trimmed to its speaker's turns may have squeezed a word to nothing
+            if seg.get("words"):
+                keep_min_duration(seg["words"], MIN_WORD_S, seg["start"], seg["end"])
+        return pieces, [{"start": t.start, "end": t.end, "speaker": t.speaker} for t in turns]
 
     def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
                       should_cancel: Callable[[], bool] | None) -> dict:

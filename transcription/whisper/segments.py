@@ -49,6 +49,18 @@ class WindowSegments:
         step = min(round(end / TIME_PRECISION), round(30.0 / TIME_PRECISION))
         return [*out, self.tokens.timestamp_begin + step], step * TIME_PRECISION
 
+    def words_end(self, seq: Sequence, ids: list[int], w: Window) -> float | None:
+        """Seconds into ``w`` where the last aligned word of ``ids`` ends; ``None`` without the attempt's
+        encoder output or without text."""
+        enc = seq.mm_state.get("encoder")
+        if enc is None or not self.alignment_heads:
+            return None
+        from transcription.whisper.align import align_words
+
+        words = align_words(self.model, self.tokenizer, enc, seq.prompt_ids, ids, self.alignment_heads,
+                            min(N_FRAMES, math.ceil(w.duration * (SAMPLE_RATE // HOP_LENGTH))))
+        return max((x["end"] for x in words), default=None)
+
     def of_window(self, w: Window, seq: Sequence, output_ids: list[int], duration: float,
                   want_words: bool, split_characters: bool = False) -> list[dict]:
         """Segments (absolute seconds, clamped to ``[0, duration]``) of the tokens ``output_ids`` decoded

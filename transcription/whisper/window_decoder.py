@@ -20,13 +20,15 @@ word, and each choice is the one that keeps windows that start at a silence inde
    Windows after a hard cut therefore wait for the one before; windows after a silence do not.
 4. **Dropped tails**: a window whose last segment closes with more than :data:`TAIL_SPEECH_S` of the VAD's
    speech still after it (tiny.en sometimes writes end-of-text early) has that rest decoded again as a new
-   window from the segment's end.
+   window, from where its words end: a closing timestamp may come before words the text already holds
+   (base closes meeting speech early), and decoding again from the timestamp wrote those words twice. The
+   words' end comes from the alignment heads (``words_end``); without them, from the segment's end.
 
-A window whose attempts all fail is kept (its best text) and flagged: :data:`decode_quality.LOOP` makes
-the transcript incomplete, as :data:`decode_quality.TRUNCATED` does (a window stopped at its token budget in
-text that does not repeat: kept, never decoded again, since another attempt stops at the same limit), :data:`decode_quality.REPETITIVE` and :data:`decode_quality.LOW_CONFIDENCE`
-only mark its segments. A window the
-model takes as silence (``AttemptQuality.silence``) keeps no text.
+A window whose attempts all fail is kept (its best text), flagged (:data:`decode_quality.LOOP`,
+:data:`decode_quality.REPETITIVE`, :data:`decode_quality.LOW_CONFIDENCE`) and makes the transcript
+incomplete (``window_outcome``), as :data:`decode_quality.TRUNCATED` does (a window stopped at its token
+budget in text that does not repeat: kept, never decoded again, since another attempt stops at the same
+limit). A window the model takes as silence (``AttemptQuality.silence``) keeps no text.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ class WindowDecoder:
             ``new_sequence`` gets ``cut=True`` for such windows so their attempts can keep what it needs.
         on_event: receives ``started``, then ``delta`` and ``segment`` events in time order; a window's text
             is sent once its decode is final (streamed text cannot be taken back after a fallback).
+        words_end: ``(seq, ids, window) -> seconds | None``: where the last word of ``ids`` ends, seconds into
+            the window (aligned), or ``None`` when unknown; asked only when a window closed its last segment
+            with speech left (rule 4). ``keep_encoder``: whether ``finalize`` uses the kept attempt's encoder
+            output; when not, it is dropped once the window's outcome is decided.
         temperatures: each attempt's sampling temperature, in turn
             (:func:`transcription.decode_quality.temperature_schedule` of the request's ``temperature``).
     """
@@ -138,7 +144,9 @@ class WindowDecoder:
                  on_event: EventFn | None = None,
                  vad_confidence: Callable[[float, float], float | None] | None = None,
                  word_cut: Callable[[Sequence, list[int], Window, float], tuple[list[int], float] | None]
-                 | None = None, temperatures: tuple[float, ...] = TEMPERATURES) -> None:
+                 | None = None,
+                 words_end: Callable[[Sequence, list[int], Window], float | None] | None = None,
+                 temperatures: tuple[float, ...] = TEMPERATURES, keep_encoder: bool = True) -> None:
         self.engine = engine
         self.temperatures = temperatures
         self.t = tokens
@@ -149,6 +157,8 @@ class WindowDecoder:
         self.on_event = on_event
         self.vad_confidence = vad_confidence
         self.word_cut = word_cut
+        self.words_end = words_end
+        self.keep_encoder = keep_encoder
         self.active: dict[Sequence, _Task] = {}
         self.results: list[WindowResult] = []
         self.sequences: list[Sequence] = []  # every attempt, for the metrics
@@ -282,7 +292,12 @@ class WindowDecoder:
                 ids, end = good, w.start + t_seam
         elif (t_last := self._closed_end(ids)) is not None and t_last >= MIN_ADVANCE_S \
                 and self._speech_in(w.start + t_last, w.end) >= TAIL_SPEECH_S:
-            end = w.start + t_last  # the decoder stopped early: the speech after its last segment goes on
+            # the decoder closed its last segment with speech left: decode the rest again from where its
+            # words end (they may run past that timestamp), unless they already cover the speech
+            said = self.words_end(best_seq, ids, w) if self.words_end is not None else None
+            tail = max(t_last, said or 0.0)
+            if self._speech_in(w.start + tail, w.end) >= TAIL_SPEECH_S:
+                end = w.start + tail
         self._accept(task, best_seq, best_q, ids, status, flag, end)
         if end < task.group_end - _EPS:  # a seam or a dropped tail: the next window starts where the text ends
             self._replan(end, task.group_end, 0)
@@ -320,6 +335,8 @@ class WindowDecoder:
 
     def _accept(self, task: _Task, seq: Sequence, q: AttemptQuality, ids: list[int], status: str,
                 flag: str | None, end: float) -> None:
+        if not self.keep_encoder:  # the window's outcome is decided: only finalize could still want it
+            seq.mm_state.pop("encoder", None)
         r = WindowResult(task.window, end, seq, ids, q, len(task.attempts), status, flag)
         w = task.window
         for raw in split_segments(self.t, ids, w.duration):

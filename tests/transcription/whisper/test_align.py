@@ -3,6 +3,7 @@ faster-whisper's ``word_timestamps=True`` on the same CTranslate2 tiny.en files.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import decode_and_align
-from transcription.whisper.align import _median_filter, align_words, dtw_path
+from transcription.whisper.align import MIN_WORD_S, _median_filter, align_words, dtw_path, keep_min_duration
 from transcription.whisper.decoding import split_segments
 
 
@@ -97,3 +98,32 @@ def test_no_text_and_no_heads(whisper_engine, jfk):
     assert align_words(eng.model, eng.tokenizer, enc, [tt.sot], [tt.timestamp_begin, tt.eot], [[3, 0]], 1000) == []
     with pytest.raises(ValueError):
         align_words(eng.model, eng.tokenizer, enc, [tt.sot], seq.output_ids, [], 1000)
+
+
+def test_no_word_is_zero_length_on_a_conversation(whisper_engine):
+    """DTW enters several token rows at one frame on conversational speech (tiny.en on the phone call gave
+    words with ``end == start``); every word now lasts at least one frame and none overlaps the next."""
+    _, _, words, _, frames = decode_and_align(whisper_engine, "en_2spk_phonecall_pyannote_sample/sample.wav", 224)
+    assert len(words) > 40
+    for a, b in itertools.pairwise(words):
+        assert a["end"] <= b["start"] + 1e-9
+    assert all(w["end"] - w["start"] >= MIN_WORD_S - 1e-6 for w in words)
+    assert 0 <= words[0]["start"] and words[-1]["end"] <= frames / 100
+
+
+def _spans(words):
+    return [(round(w["start"], 6), round(w["end"], 6)) for w in words]
+
+
+def test_min_duration_pushes_only_as_far_as_needed_and_stays_inside():
+    ws = [{"start": 0.0, "end": 0.5}, {"start": 0.5, "end": 0.5}, {"start": 0.5, "end": 0.5},
+          {"start": 0.5, "end": 1.0}, {"start": 1.98, "end": 2.0}, {"start": 2.0, "end": 2.0}]
+    keep_min_duration(ws, 0.02, 0.0, 2.0)
+    # the two empty words take the next 40 ms from the long word after them; the last two fit before 2.0 s
+    assert _spans(ws) == [(0.0, 0.5), (0.5, 0.52), (0.52, 0.54), (0.54, 1.0), (1.96, 1.98), (1.98, 2.0)]
+
+
+def test_min_duration_shares_a_window_too_short_for_all_words():
+    ws = [{"start": 0.0, "end": 0.0} for _ in range(4)]
+    keep_min_duration(ws, 0.02, 1.0, 1.04)
+    assert _spans(ws) == [(1.0, 1.01), (1.01, 1.02), (1.02, 1.03), (1.03, 1.04)]

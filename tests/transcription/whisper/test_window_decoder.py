@@ -20,7 +20,14 @@ from transcription.decode_quality import FALLBACK_SEED, LOOP, LOW_CONFIDENCE, TE
 from transcription.repetition import RepetitionGuard
 from transcription.whisper.decoding import TIME_PRECISION, WhisperTokens, split_segments
 from transcription.whisper.window_decoder import MAX_RESUMES, WindowDecoder, WindowResult
-from transcription.whisper.window_outcome import incomplete_reason, window_finish, window_metrics
+from transcription.whisper.window_outcome import (
+    FAILED_WINDOWS,
+    MAYBE_NOT_ENGLISH,
+    incomplete_reason,
+    window_finish,
+    window_metrics,
+    window_warnings,
+)
 from transcription.whisper.windows import Window, pack_windows
 
 T = WhisperTokens()
@@ -40,8 +47,9 @@ class Script:
     """What the scripted model outputs for a window, and with which confidence."""
 
     def __init__(self, n_words: int, loop=None, logprob: float = -0.2, no_speech: float = 0.01,
-                 drop_before_cut_s: float = 3.0, early_eot_s: float = 0.0) -> None:
+                 drop_before_cut_s: float = 3.0, early_eot_s: float = 0.0, early_close_s: float = 0.0) -> None:
         self.n_words = n_words
+        self.early_close_s = early_close_s  # the last segment's closing timestamp comes this early (words all said)
         self.early_eot_s = early_eot_s  # windows over 10 s end their text this early, cut or not
         self.loop = loop  # (window, temperature) -> index into the window's words where a loop starts, or None
         self.logprob = logprob
@@ -62,8 +70,10 @@ class Script:
                 head = [k for k in group if words.index(k) < loop_at]
                 out += [ts(word_span(group[0])[0] - w.start)] + [WORD0 + k for k in head]
                 return out + [LOOP_TOKEN] * 400  # no closing timestamp: the loop runs to the budget
-            out += [ts(word_span(group[0])[0] - w.start), *(WORD0 + k for k in group),
-                    ts(word_span(group[-1])[1] - w.start)]
+            close = word_span(group[-1])[1] - w.start
+            if i + 4 >= len(words):
+                close = max(word_span(group[0])[0] - w.start, close - self.early_close_s)
+            out += [ts(word_span(group[0])[0] - w.start), *(WORD0 + k for k in group), ts(close)]
         return out + [T.eot]
 
 
@@ -111,7 +121,13 @@ def decode_ids(ids: list[int]) -> str:
     return " ".join("loop" if t == LOOP_TOKEN else word(t - WORD0) for t in ids if t < T.eot)
 
 
-def run(script: Script, speech: list[tuple[float, float]], events=None):
+def aligned_end(seq: Sequence, ids: list[int], w: Window) -> float | None:
+    """The scripted alignment: where the last word of ``ids`` really ends, seconds into ``w``."""
+    said = [t - WORD0 for t in ids if WORD0 <= t < T.eot]
+    return word_span(said[-1])[1] - w.start if said else None
+
+
+def run(script: Script, speech: list[tuple[float, float]], events=None, words_end=None):
     eng = FakeEngine(script, speech)
 
     def new_sequence(w: Window, sampling: SamplingParams, cut: bool) -> Sequence:
@@ -124,7 +140,8 @@ def run(script: Script, speech: list[tuple[float, float]], events=None):
                 for x in split_segments(T, r.output_ids, r.window.duration)]
 
     dec = WindowDecoder(eng, T, decode_ids, new_sequence, finalize, speech,
-                        on_event=(lambda k, p: events.append((k, p))) if events is not None else None)
+                        on_event=(lambda k, p: events.append((k, p))) if events is not None else None,
+                        words_end=words_end)
     results = dec.run(pack_windows(speech))
     words = " ".join(s["text"] for r in results for s in r.segments).split()
     return dec, results, words, eng
@@ -156,6 +173,25 @@ def test_speech_after_an_early_end_of_text_is_decoded_again():
     _, results, words, _ = run(Script(n, early_eot_s=5.0), [(0.0, 28.0)])
     assert words == every_word(n)
     assert results[0].end < results[0].window.end and results[1].window.start == results[0].end
+
+
+def test_a_tail_the_words_already_cover_is_not_decoded_again():
+    """The last segment closes 3 s before its words end (base on meeting speech): the speech after the
+    closing timestamp is the text's own last words, and decoding it again wrote them twice."""
+    n = 56  # 28 s in one window that ends at a silence
+    _, results, words, _ = run(Script(n, early_close_s=3.0), [(0.0, 28.0)], words_end=aligned_end)
+    assert words == every_word(n)  # each word once
+    assert len(results) == 1 and results[0].end == results[0].window.end
+
+
+def test_a_tail_is_decoded_again_from_where_the_words_end():
+    """Early end-of-text after an early close: the re-decode starts after the last word, not at the early
+    timestamp, so no word is written twice and none is lost."""
+    n = 56
+    _, results, words, _ = run(Script(n, early_eot_s=5.0, early_close_s=2.0), [(0.0, 28.0)], words_end=aligned_end)
+    assert words == every_word(n)
+    assert results[1].window.start == pytest.approx(results[0].end)
+    assert results[0].end > results[0].window.start + 22.0  # the words' end (22.9 s), not the close (20.9 s)
 
 
 def test_a_greedy_loop_is_recovered_by_the_next_temperature():
@@ -205,12 +241,23 @@ def test_silence_by_the_model_and_the_vad_keeps_no_text():
     assert words == [] and results[0].status == "no_speech" and results[0].attempts == 1
 
 
-def test_low_confidence_everywhere_keeps_the_text_and_flags_it():
+def test_low_confidence_everywhere_keeps_the_text_flags_it_and_makes_the_transcript_incomplete():
     _, results, words, _ = run(Script(20, logprob=-1.5, no_speech=0.1), [(0.0, 10.0)])
     (r,) = results
     assert words == every_word(20)
     assert r.status == "failed" and r.flag == LOW_CONFIDENCE and r.attempts == len(TEMPERATURES)
-    assert incomplete_reason(results) is None and window_finish(results, False) == FinishReason.STOP
+    assert window_finish(results, False) == FinishReason.STOP  # nothing was cut: the text is doubtful
+    reason = incomplete_reason(results)
+    assert reason and "every decode attempt failed" in reason and "0.0-10.0 s" in reason
+    assert [w["code"] for w in window_warnings(results, english_only=False)] == [FAILED_WINDOWS]
+    warned = window_warnings(results, english_only=True)
+    assert [w["code"] for w in warned] == [FAILED_WINDOWS, MAYBE_NOT_ENGLISH]
+    assert all(w["count"] == 1 for w in warned) and "English" in warned[1]["message"]
+
+
+def test_windows_that_passed_give_no_failure_warning():
+    _, results, _, _ = run(Script(20), [(0.0, 10.0)])
+    assert incomplete_reason(results) is None and window_warnings(results, english_only=True) == []
 
 
 def test_events_arrive_in_time_order_and_spell_the_transcript():
