@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
-from api.admin import engines, queries, series
+from api.admin import engines, queries, readiness, series
 from api.admin.config import get_admin_settings
 from api.admin.render import STATIC_DIR, fragment, page
 from api.admin.session import AdminApi, AdminPage, check_csrf, clear_session, resolve, set_session
@@ -76,6 +76,9 @@ def _live(request: Request) -> dict:
     data = queries.overview(request.app.state.services.db, stall_after_s=st.stall_after_s,
                             worker_alive_s=3 * st.sweep_interval_s)
     data["engines"] = engines.summary(engines.engine_stats(request.app))
+    # what /readyz found, with the errors it keeps from unauthenticated callers (driver messages, hosts)
+    found = readiness.readiness(request, request.app.state.services)
+    data["readiness"] = {"status": found.status, "checks": found.details, "random_weights": found.random_weights}
     data["series"] = series.last_hour(request.app.state.services.db)
     return data
 
