@@ -118,16 +118,6 @@ class CeleryDispatcher:
                     out[q] = 0
         return out
 
-    def workers_alive(self, timeout_s: float = 1.0) -> dict[str, int]:
-        """Workers that answer Celery's broadcast ping within ``timeout_s``, counted by the class in their
-        node name (``diarist worker`` names itself ``<class>@<host>``)."""
-        out: dict[str, int] = {}
-        for reply in self.celery.control.ping(timeout=timeout_s) or []:
-            for node in reply:
-                klass = node.split("@", 1)[0]
-                out[klass] = out.get(klass, 0) + 1
-        return out
-
     def broker_epoch(self) -> str:
         """An id of the broker's current run (Redis ``run_id``; the transport name for brokers without one):
         when it changes, the broker restarted and may have lost its messages. Raises when unreachable."""

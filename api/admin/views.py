@@ -72,9 +72,8 @@ def logout(request: Request, user: AdminPage, csrf: Annotated[str, Form()] = "")
 
 def _live(request: Request) -> dict:
     st = request.app.state.services.settings
-    # A worker's sweeper beats every sweep_interval_s: three missed beats and it counts as gone.
     data = queries.overview(request.app.state.services.db, stall_after_s=st.stall_after_s,
-                            worker_alive_s=3 * st.sweep_interval_s)
+                            worker_alive_s=st.worker_beat_bound_s)
     data["engines"] = engines.summary(engines.engine_stats(request.app))
     # what /readyz found, with the errors it keeps from unauthenticated callers (driver messages, hosts)
     found = readiness.readiness(request, request.app.state.services)
