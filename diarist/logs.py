@@ -149,3 +149,6 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO", stream: IO[s
         lg.setLevel(logging.NOTSET)  # uvicorn sets its levels from its log_level when it starts
     for name, lvl in _QUIET.items():
         logging.getLogger(name).setLevel(max(lvl, root.level))
+    # warnings.warn (e.g. Celery's "running the worker with superuser privileges") are log lines too, in the
+    # same format, not raw text on stderr
+    logging.captureWarnings(True)

@@ -34,6 +34,7 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
         from worker import redis_broker
 
         broker_url = settings.broker.replace("redis://", f"{redis_broker.ALIAS}://", 1)
+        redis_broker.install_lost_ack_filter()
     elif settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}

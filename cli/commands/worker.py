@@ -88,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
     rt.leases.start()
     sweeper = Sweeper(services, dispatcher, hostname, [routing.CLASSES[args.klass]], engine=engine, leases=rt.leases)
     sweeper.start()
+    # quiet: no banner printed to stdout, which would break a JSON log stream ("<hostname> ready." is logged)
     w = app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True)
+                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True,
+                   quiet=st.log_format == "json")
     try:
         w.start()
     finally:
