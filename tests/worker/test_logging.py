@@ -71,6 +71,7 @@ def test_a_lost_ack_after_a_redis_restart_is_one_line_with_the_job_id():
     """Issue 33 item 15: kombu's "Couldn't ack ... DetachedChannelError" (CRITICAL, with a traceback) for a
     job that ended while Redis restarted is one WARNING line naming the job, without a traceback; the
     acknowledgement runs through the task's real request class and kombu's real ``ack_log_error``."""
+    from celery import Celery
     from celery.contrib.testing.mocks import TaskMessage
     from kombu.message import Message
 
@@ -78,7 +79,7 @@ def test_a_lost_ack_after_a_redis_restart_is_one_line_with_the_job_id():
     from worker import redis_broker, tasks
     from worker.celery_app import configure
 
-    configure(Settings(broker_url="redis://127.0.0.1:9/0"))  # installs the filter, as a worker does
+    configure(Settings(broker_url="redis://127.0.0.1:9/0"), Celery("probe"))  # installs the filter, as a worker does
 
     class Channel:
         no_ack_consumers = None

@@ -39,6 +39,7 @@ class NoEngine:
 
 def test_a_message_left_unacknowledged_is_redelivered_and_does_nothing(services, tmp_path):
     import redis as redis_py
+    from celery import Celery
     from celery.signals import task_postrun
 
     import worker.tasks  # noqa: F401 - registers the tasks on the app
@@ -48,14 +49,15 @@ def test_a_message_left_unacknowledged_is_redelivered_and_does_nothing(services,
     server = Redis()
     st = services.settings
     st.broker_url, st.visibility_timeout_s = server.url, 2
-    configure(st)
+    configure(st)  # the worker's app (the tasks are registered on it)
+    sender = configure(st, Celery("sender"))  # its own pools: the worker app's may still point at another broker
     finished = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     with services.db.session() as s:
         job = Job(status="completed", attempts=1, audio_key="jobs/u/audio", transcript_key="jobs/u/transcript-1.json",
                   finished_at=finished, duration_s=1.0)
         s.add(job)
     job_id = job.id
-    CeleryDispatcher(st).transcribe(job_id, routing.SHORT)
+    CeleryDispatcher(st, sender).transcribe(job_id, routing.SHORT)
     r = redis_py.Redis.from_url(server.url)
     ran: list[tuple[list, str]] = []
 
@@ -66,7 +68,7 @@ def test_a_message_left_unacknowledged_is_redelivered_and_does_nothing(services,
     controller = None
     try:
         # The worker that held it when Redis went away: took the message, never acknowledged or restored it.
-        with app.connection_for_read() as conn:
+        with sender.connection_for_read() as conn:
             channel = conn.channel()
             channel.qos.restore_at_shutdown = False  # as when the restore meets a dead connection
             held = conn.SimpleQueue(routing.SHORT, channel=channel).get(timeout=10)
@@ -84,6 +86,7 @@ def test_a_message_left_unacknowledged_is_redelivered_and_does_nothing(services,
             assert time.monotonic() < deadline, "the unacknowledged message was never redelivered and settled"
             time.sleep(0.2)
     finally:
+        sender.close()
         task_postrun.disconnect(record)
         if controller is not None:
             controller.stop(in_sighandler=False, exitcode=0)
