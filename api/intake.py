@@ -3,6 +3,9 @@
 The duration is measured before the job exists because it decides the queue and the limits (413, 422
 ``too_long`` / ``too_short``) and because a file that cannot be decoded should be refused with its code at
 once (422 ``decode_failed`` / ``no_audio_stream`` / ``empty_audio``) rather than fail later in a worker.
+Measuring must not hold the upload: decoding a whole 3-hour MP3 took 83 s of the POST (issue 33), so the
+duration comes from the container header whenever it has one, and only the first
+:data:`PROBE_DECODE_S` seconds are decoded (:func:`measure_duration` says when the whole file is).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO
 
-import av
 import numpy as np
 
 from diarist.http.errors import ApiError
@@ -27,6 +29,7 @@ from transcription.audio.decode import (
     decoded_frames,
     first_audio_stream,
     frame_values,
+    header_duration_s,
     no_samples,
     open_media,
     undecodable,
@@ -36,6 +39,12 @@ from transcription.audio.samples import AudioError
 CHUNK = 1 << 20
 # Above this size only the container header is read (a full decode of a huge file would stall the API).
 FULL_DECODE_MAX_BYTES = 512 << 20
+PROBE_DECODE_S = 30.0
+"""Seconds of audio decoded from the start of a file whose header gives its duration: enough to refuse an
+undecodable stream or one of non-finite samples with its code, a bounded cost whatever the file's length."""
+HEADER_MARGIN = 0.1
+"""A header duration within this fraction of the duration limit is not trusted for the limit: the whole file
+is decoded to measure it (header durations of VBR files without an index are estimates)."""
 
 
 def _too_large(limit: int) -> ApiError:
@@ -96,12 +105,19 @@ def fetch_url(url: str, headers: dict[str, str] | None, settings: Settings) -> t
     return Path(name), size
 
 
-def measure_duration(path: Path) -> float:
-    """Audio duration in seconds by decoding the first audio stream (frames counted, nothing kept).
+def measure_duration(path: Path, limit_s: float | None = None) -> float:
+    """Audio duration in seconds of the first audio stream.
 
-    Files above ``FULL_DECODE_MAX_BYTES`` use the container header instead. Damaged packets are skipped
-    and a damaged tail keeps what decoded (as the engine's decoder does:
-    :func:`transcription.audio.decode.decoded_frames`). Float streams are checked for NaN/inf values on the way
+    From the container header (the stream's duration, else the container's) when it has one, with only
+    the first :data:`PROBE_DECODE_S` seconds decoded; by decoding every frame (counted, nothing kept) when
+    it has none, when the file is shorter than that anyway, when the file holds fewer than half the bytes
+    its header's duration needs at the stream's bit rate (cut short), or when the header puts the file
+    within :data:`HEADER_MARGIN` of ``limit_s`` (the duration limit, seconds), so that a ``too_long``
+    refusal at the limit is exact. Files above ``FULL_DECODE_MAX_BYTES``
+    are never decoded in full (header only). The worker decodes the whole file later; the result's
+    ``duration`` is that exact length. What is decoded is checked as the engine's decoder checks it:
+    damaged packets are skipped and a damaged tail keeps what decoded
+    (:func:`transcription.audio.decode.decoded_frames`); float streams are checked for NaN/inf values
     (:mod:`diarist.pcm`: a few are replaced later and reported in the result; too many are refused here).
     The file is opened, and refused, as the decoder does (:mod:`transcription.audio.decode`: one wording
     for the API, the engine server and the CLI; never the temp path).
@@ -110,21 +126,25 @@ def measure_duration(path: Path) -> float:
         ApiError: 422 ``decode_failed``, ``no_audio_stream``, ``empty_audio``, ``invalid_samples``.
     """
     try:
-        return _measure(path)
+        return _measure(path, limit_s)
     except (AudioError, InvalidSamples) as e:
         raise ApiError(422, e.code, e.message) from None
 
 
-def _measure(path: Path) -> float:
+def _measure(path: Path, limit_s: float | None) -> float:
     """:func:`measure_duration` (seconds), its refusals as the decoder's AudioError / InvalidSamples."""
     with open_media(path) as container:
         stream = first_audio_stream(container)
-        if path.stat().st_size > FULL_DECODE_MAX_BYTES:
-            if stream.duration and stream.time_base:
-                return float(stream.duration * stream.time_base)
-            if container.duration:
-                return container.duration / av.time_base
-        samples, rate, damage = 0, stream.codec_context.sample_rate or 0, Damage()
+        header = header_duration_s(container, stream)
+        if header is not None and path.stat().st_size > FULL_DECODE_MAX_BYTES:
+            return header
+        near_limit = limit_s is not None and header is not None and abs(header - limit_s) <= HEADER_MARGIN * limit_s
+        # a file cut short keeps its header's duration: fewer bytes than half the header's length at the
+        # stream's bit rate means the header describes a file that is not all there
+        bit_rate = stream.bit_rate or stream.codec_context.bit_rate
+        cut = header is not None and bool(bit_rate) and path.stat().st_size * 8 < 0.5 * header * bit_rate
+        full = header is None or near_limit or cut
+        samples, rate, damage, probed = 0, stream.codec_context.sample_rate or 0, Damage(), False
         values = nonfinite = 0
         for frame in decoded_frames(container, stream, damage):  # past damage, as the decoder reads it
             samples += frame.samples
@@ -132,10 +152,13 @@ def _measure(path: Path) -> float:
             values += frame.samples * (len(frame.layout.channels) or 1)
             if frame.format.name in FLOAT_SAMPLE_FORMATS:
                 nonfinite += int(np.count_nonzero(~np.isfinite(frame_values(frame))))
+            if not full and rate and samples >= PROBE_DECODE_S * rate:
+                probed = True  # stopped early: the header's duration stands
+                break
         check_nonfinite(nonfinite, values)
         if samples == 0 or not rate:
             raise no_samples() if damage.error is None else undecodable(damage.error)
-        return samples / rate
+        return header if probed else samples / rate
 
 
 def duration_limit_s(settings: Settings) -> float:

@@ -16,7 +16,10 @@ API (``router``), besides the event metrics:
   diarist_database_up                   gauge: 1 when the database answered (0: no job gauges this scrape)
   diarist_broker_up                     gauge: 1 when the broker answered
   diarist_queue_messages{queue}         gauge: messages waiting in each broker queue (queue depth)
-  diarist_workers{class}                gauge: workers answering a Celery ping, by class (short|long|webhooks)
+  diarist_workers{class}                gauge: worker processes whose heartbeat is within
+                                        Settings.worker_beat_bound_s, by class (short|long|webhooks; embedded):
+                                        a worker busy with jobs still beats, where a Celery ping it is too busy
+                                        to answer in time read 0
   + the engine metrics below for the in-process engine (embedded) or every engine server of
     DIARIST_ADMIN_ENGINE_URLS (default DIARIST_ENGINE_URL), labelled ``engine`` with the configured URL
     whether the engine answers or not (one series per engine, so an alert on ``diarist_engine_up == 0``
@@ -31,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,27 +53,35 @@ STATUSES = tuple(s.value for s in JobStatus)
 WEBHOOK_STATES = ("pending", "retrying", "delivered", "failed")
 WORKER_CLASSES = ("short", "long", "webhooks")
 BROKER_CACHE_S = 5.0
-"""Broker answers (queue depths, worker pings) are reused this long: a ping waits its whole timeout."""
+"""Broker answers (queue depths) are reused this long."""
 
 
 class JobsCollector:
-    """Job-row gauges of one database, read at each scrape."""
+    """Job-row and worker-heartbeat gauges of one database, read at each scrape; a worker counts while its
+    heartbeat is at most ``worker_alive_s`` seconds old (``Settings.worker_beat_bound_s``)."""
 
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    def __init__(self, db: Database, worker_alive_s: float) -> None:
+        self.db, self.worker_alive_s = db, worker_alive_s
 
     def collect(self) -> Iterator[Metric]:
-        """The job gauges and ``diarist_database_up``; a database outage gives ``diarist_database_up 0`` and
-        no job gauges rather than failing the whole scrape (the outage is when the other numbers matter)."""
+        """The job and worker gauges and ``diarist_database_up``; a database outage gives
+        ``diarist_database_up 0`` and no job or worker gauges rather than failing the whole scrape (the outage
+        is when the other numbers matter)."""
+        # not at import: the metrics module loads before the admin
+        from api.admin.queries import alive_workers
+
         jobs = GaugeMetricFamily("diarist_jobs", "Jobs by status and duration class.", labels=["status", "class"])
         hook_jobs = GaugeMetricFamily("diarist_webhook_jobs", "Jobs by webhook state.", labels=["status"])
         up = GaugeMetricFamily("diarist_database_up", "1 when the database answered.")
+        alive = GaugeMetricFamily("diarist_workers", "Worker processes with a recent heartbeat, by class.",
+                                  labels=["class"])
         try:
             with self.db.session() as s:
                 counts = {(class_of(q), st): n for q, st, n in
                           s.execute(select(Job.queue, Job.status, func.count()).group_by(Job.queue, Job.status))}
                 by_hook = dict(s.execute(select(Job.webhook_status, func.count())
                                          .where(Job.webhook_status.is_not(None)).group_by(Job.webhook_status)).all())
+                workers = alive_workers(s, datetime.now(UTC), self.worker_alive_s)
         except Exception as e:
             if classify(e) is not Dependency.DATABASE:
                 raise
@@ -83,12 +95,15 @@ class JobsCollector:
                 jobs.add_metric([st, c], counts.get((c, st), 0))
         for st in sorted(set(WEBHOOK_STATES) | set(by_hook)):
             hook_jobs.add_metric([st], by_hook.get(st, 0))
+        for c in sorted(set(WORKER_CLASSES) | set(workers)):
+            alive.add_metric([c], workers.get(c, 0))
         yield jobs
         yield hook_jobs
+        yield alive
 
 
 class BrokerCollector:
-    """Queue depth and worker liveness from the dispatcher (``queue_depths()``, ``workers_alive()``).
+    """Queue depth from the dispatcher (``queue_depths()``).
 
     A broker that does not answer gives ``diarist_broker_up 0`` and no depth samples; answers are cached
     for :data:`BROKER_CACHE_S`.
@@ -97,34 +112,29 @@ class BrokerCollector:
     def __init__(self, dispatcher: Any) -> None:
         self.dispatcher = dispatcher
         self._lock = threading.Lock()
-        self._cached: tuple[float, dict[str, int] | None, dict[str, int]] | None = None
+        self._cached: tuple[float, dict[str, int] | None] | None = None
 
-    def _read(self) -> tuple[dict[str, int] | None, dict[str, int]]:
+    def _read(self) -> dict[str, int] | None:
         with self._lock:
             now = time.monotonic()
             if self._cached is None or now - self._cached[0] > BROKER_CACHE_S:
                 try:
                     depths: dict[str, int] | None = self.dispatcher.queue_depths()
-                    workers = self.dispatcher.workers_alive()
                 except Exception:  # noqa: BLE001 - a down broker is a value (broker_up 0), not a scrape error
-                    depths, workers = None, {}
-                self._cached = (now, depths, workers)
-            return self._cached[1], self._cached[2]
+                    depths = None
+                self._cached = (now, depths)
+            return self._cached[1]
 
     def collect(self) -> Iterator[Metric]:
-        depths, workers = self._read()
+        depths = self._read()
         up = GaugeMetricFamily("diarist_broker_up", "1 when the broker answered.")
         up.add_metric([], 0 if depths is None else 1)
         depth = GaugeMetricFamily("diarist_queue_messages", "Messages waiting in each broker queue.",
                                   labels=["queue"])
         for q, n in sorted((depths or {}).items()):
             depth.add_metric([q], n)
-        alive = GaugeMetricFamily("diarist_workers", "Workers answering a ping, by class.", labels=["class"])
-        for c in sorted(set(WORKER_CLASSES) | set(workers)):
-            alive.add_metric([c], workers.get(c, 0))
         yield up
         yield depth
-        yield alive
 
 
 router = APIRouter(tags=["metrics"])
@@ -138,7 +148,7 @@ def api_metrics(request: Request) -> Response:
         from api.admin.engines import engine_stats  # not at import: the metrics module loads before the admin
 
         services = app.state.services
-        collectors: list[Any] = [services.metrics, JobsCollector(services.db),
+        collectors: list[Any] = [services.metrics, JobsCollector(services.db, services.settings.worker_beat_bound_s),
                                  EngineCollector(lambda: engine_stats(app))]
         if services.dispatcher is not None and hasattr(services.dispatcher, "queue_depths"):
             collectors.append(BrokerCollector(services.dispatcher))

@@ -199,7 +199,7 @@ def submit_job(services: Services, principal: Principal, opts: JobOptions, sourc
             fingerprint = request_fingerprint(model, opts, f"sha256:{digest}")
             if existing is not None:  # the upload had to be read to know whether it is the same one
                 return _resume(services, _replay(existing, fingerprint)), False
-        duration = intake.measure_duration(tmp)
+        duration = intake.measure_duration(tmp, intake.duration_limit_s(st))
         intake.check_duration(duration, st)
         job_id = job_id or new_id("job")
         audio_key = f"jobs/{job_id}/audio"

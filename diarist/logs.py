@@ -10,9 +10,10 @@
   (:func:`diarist.redact.redact_text`): query strings (pre-signed links, tokens, the engine request's
   options) and credentials never reach a log. Uvicorn's access lines get their query string dropped.
 - **Formats.** ``text``: ``time level logger [job_id] message``; ``json``: one object per line with
-  ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``, ``job_id`` (when known) and ``exc`` (the
-  formatted traceback, when the record has one). Set with ``DIARIST_LOG_FORMAT`` and
-  ``DIARIST_LOG_LEVEL``.
+  ``ts`` (ISO 8601 UTC), ``level``, ``logger``, ``message``, ``job_id`` (when known), the record's
+  ``fields`` (``extra={"fields": {...}}``: a line's facts as keys a log pipeline can query, e.g. the engine
+  server's request lines; they never replace the keys above) and ``exc`` (the formatted traceback, when the
+  record has one). Set with ``DIARIST_LOG_FORMAT`` and ``DIARIST_LOG_LEVEL``.
 - **Tracebacks.** A record has one only when the code asked for it (``log.exception``), which the code
   does for unexpected errors only; expected failures (a bad file, an engine retry) are one line.
 """
@@ -90,13 +91,17 @@ class RedactFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ``ts``, ``level``, ``logger``, ``message``, ``job_id``?, ``exc``?."""
+    """One JSON object per record: ``ts``, ``level``, ``logger``, ``message``, ``job_id``?, the record's
+    ``fields``?, ``exc``?."""
 
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
         if getattr(record, "job_id", None):
             out["job_id"] = record.job_id
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, Mapping):
+            out.update({k: v for k, v in fields.items() if k not in out and k != "exc"})
         if record.exc_info:
             out["exc"] = redact_text(self.formatException(record.exc_info))
         elif record.exc_text:
@@ -144,3 +149,6 @@ def configure_logging(fmt: LogFormat = "text", level: str = "INFO", stream: IO[s
         lg.setLevel(logging.NOTSET)  # uvicorn sets its levels from its log_level when it starts
     for name, lvl in _QUIET.items():
         logging.getLogger(name).setLevel(max(lvl, root.level))
+    # warnings.warn (e.g. Celery's "running the worker with superuser privileges") are log lines too, in the
+    # same format, not raw text on stderr
+    logging.captureWarnings(True)

@@ -36,9 +36,6 @@ class Dispatcher(Protocol):
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each queue (``{queue name: n}``). Raises when the broker is unreachable."""
 
-    def workers_alive(self) -> dict[str, int]:
-        """Workers answering a ping, by class (``short``, ``long``, ``webhooks``; ``embedded``)."""
-
 
 @dataclass
 class Services:

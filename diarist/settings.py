@@ -364,6 +364,12 @@ class Settings(EnvSettings):
             return self.served_models
         return default_served_models(self.model, self.model_path)
 
+    @property
+    def worker_beat_bound_s(self) -> float:
+        """Seconds after its last heartbeat that a worker process counts as gone (dashboard, ``diarist_workers``):
+        three sweeps, since its sweeper writes the heartbeat once per sweep (worker/sweeper.py)."""
+        return 3 * self.sweep_interval_s
+
     def worker_threads(self, klass: str) -> int:
         """Threads of ``diarist worker --class klass`` (``short``, ``long`` or ``webhooks``): the setting, or
         for the transcription classes unset, enough to fill the class's engine rows (:func:`threads_to_fill`;

@@ -93,7 +93,10 @@ class Engine:
         # Audio requests pass through the encoder stage (windows batched across requests under a per-step
         # budget, encoder CUDA graphs, output cache, own stream) before the scheduler sees them.
         self.encoder = EncoderManager.for_engine(self)
+        # Submissions and aborts come from request threads through two inboxes the loop drains before each
+        # step; an abort is not a request, so only the first counts as waiting (stats).
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -125,26 +128,31 @@ class Engine:
         """
         self.scheduler.validate(seq)
         self.encoder.on_submit(seq)  # waveform hash and pinning on the caller's thread, not the loop's
-        self._inbox.put(("add", seq))
+        self._inbox.put(seq)
         self._wake.set()
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        """End a sequence now (thread-safe); its KV is freed before the next step."""
-        self._inbox.put(("abort", seq))
+        """End a sequence now (thread-safe; idempotent); its KV is freed before the next step."""
+        self._aborts.put(seq)
         self._wake.set()
 
     def _drain(self) -> None:
+        # submissions first: an abort always follows its sequence's submission, possibly in the same drain
         while True:
             try:
-                kind, seq = self._inbox.get_nowait()
+                seq = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if kind == "add":
-                if not self.encoder.add(seq):  # audio to encode first: the encoder stage holds it
-                    self.scheduler.waiting.append(seq)
-                seq.emit("queued")
-            elif not seq.finished:
+            if not self.encoder.add(seq):  # audio to encode first: the encoder stage holds it
+                self.scheduler.waiting.append(seq)
+            seq.emit("queued")
+        while True:
+            try:
+                seq = self._aborts.get_nowait()
+            except queue.Empty:
+                break
+            if not seq.finished:
                 self.encoder.discard(seq)
                 self.scheduler.finish(seq, FinishReason.ABORT)
                 seq.emit("finished", seq.finish_reason)

@@ -26,6 +26,12 @@ message names a file of this server (uploads are spooled to temporary files).
 Many requests run at once (one thread each); the engine batches across them. A request whose client goes
 away (connection closed, or the handler task cancelled) has its engine sequences aborted, which frees
 their KV at once; its windows not yet submitted never reach the engine.
+
+Logs (logger ``diarist.engine_server``): one INFO line per transcription request when it ends
+(``request <id> <finish_reason>``, with the job id when a worker sent one, the audio's seconds, prompt and
+output tokens, the finish reason or error code and the request's seconds; in JSON logs these are keys of
+the line, :func:`log_request`), and one more per cancel (``request <id> canceled``: its client went away
+and its engine work was aborted).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import logging
 import os
 import tempfile
 import threading
+import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -91,6 +99,28 @@ async def set_on_disconnect(request: Request, cancel: threading.Event) -> None:
     cancel.set()
 
 
+def log_request(request_id: str, audio_s: float | None, started: float, result: TranscriptionResult | None = None,
+                error: str | None = None) -> None:
+    """The request's one log line (and its cancel line when it was canceled): ``audio_s`` seconds of audio
+    (the result's duration wins), ``started`` its :func:`time.perf_counter` start; ``result`` when it ended
+    with one, else the ``error`` code. The job id comes from the enclosing :func:`diarist.logs.job_context`."""
+    seconds = time.perf_counter() - started
+    m = result.metrics if result is not None else None
+    finish = result.finish_reason if result is not None else "error"
+    if result is not None and result.duration is not None:
+        audio_s = result.duration
+    fields = {"request_id": request_id, "audio_s": None if audio_s is None else round(audio_s, 3),
+              "prompt_tokens": m.prompt_tokens if m else None, "output_tokens": m.output_tokens if m else None,
+              "finish_reason": finish, "error": error, "seconds": round(seconds, 3)}
+    audio = "?" if audio_s is None else f"{audio_s:.1f}"
+    log.info("request %s %s: %s s of audio, %s output tokens, %.2f s%s", request_id, finish, audio,
+             fields["output_tokens"] if fields["output_tokens"] is not None else "-", seconds,
+             f" ({error})" if error else "", extra={"fields": fields})
+    if finish == "abort":
+        log.info("request %s canceled: its client went away; engine work aborted after %.2f s", request_id,
+                 seconds, extra={"fields": {"request_id": request_id, "event": "cancel", "seconds": round(seconds, 3)}})
+
+
 def _public(message: str, source: Path | Any) -> str:
     """``message`` with the path of the request's spooled upload (``source``, when a Path) replaced: a
     client never learns this server's file names."""
@@ -134,15 +164,23 @@ def create_engine_app(engine: Any, engine_id: str = "engine", fixed_output_token
     def run(source: Path | DecodedAudio, opts: TranscribeOptions, on_event: Any, cancel: threading.Event,
             job_id: str | None = None) -> TranscriptionResult:
         """The transcription's result; raises what :meth:`Transcriber.transcribe` raises (coded errors),
-        their messages without the spooled upload's path."""
-        try:
-            with job_context(job_id):
-                return tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
-                                     on_event=on_event, should_cancel=cancel.is_set)
-        except CodedError as e:  # its class and status stay; only the message loses the path
-            e.message = _public(e.message, source)
-            e.args = (e.message,)
-            raise
+        their messages without the spooled upload's path. Logs the request's line (:func:`log_request`)."""
+        request_id, started = uuid.uuid4().hex[:12], time.perf_counter()
+        audio_s = None if isinstance(source, Path) else source.duration
+        with job_context(job_id):
+            try:
+                result = tr.transcribe(str(source) if isinstance(source, Path) else source, opts,
+                                       on_event=on_event, should_cancel=cancel.is_set)
+            except CodedError as e:  # its class and status stay; only the message loses the path
+                e.message = _public(e.message, source)
+                e.args = (e.message,)
+                log_request(request_id, audio_s, started, error=e.code)
+                raise
+            except Exception as e:
+                log_request(request_id, audio_s, started, error=type(e).__name__)
+                raise
+            log_request(request_id, audio_s, started, result)
+            return result
 
     async def stream(source: Path | DecodedAudio, opts: TranscribeOptions, cancel: threading.Event,
                      job_id: str | None = None) -> AsyncIterator[Line]:

@@ -34,6 +34,7 @@ def configure(settings: Settings, celery: Celery = app) -> Celery:
         from worker import redis_broker
 
         broker_url = settings.broker.replace("redis://", f"{redis_broker.ALIAS}://", 1)
+        redis_broker.install_lost_ack_filter()
     elif settings.broker.startswith("memory://"):
         # The in-memory transport polls; 10 ms keeps embedded-mode pickup latency negligible.
         transport_options = {"polling_interval": 0.01}
@@ -116,16 +117,6 @@ class CeleryDispatcher:
                     out[q] = int(channel.queue_declare(queue=q, passive=True).message_count)
                 except ChannelError:  # never declared, or emptied (Redis deletes an empty list)
                     out[q] = 0
-        return out
-
-    def workers_alive(self, timeout_s: float = 1.0) -> dict[str, int]:
-        """Workers that answer Celery's broadcast ping within ``timeout_s``, counted by the class in their
-        node name (``diarist worker`` names itself ``<class>@<host>``)."""
-        out: dict[str, int] = {}
-        for reply in self.celery.control.ping(timeout=timeout_s) or []:
-            for node in reply:
-                klass = node.split("@", 1)[0]
-                out[klass] = out.get(klass, 0) + 1
         return out
 
     def broker_epoch(self) -> str:

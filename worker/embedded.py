@@ -66,9 +66,11 @@ class EmbeddedWorker:
         return bool(consumer is not None and getattr(consumer, "task_consumer", None) is not None)
 
     def stop(self) -> None:
-        # The sweeper first (nothing new is sent), then the worker (running tasks finish, their leases still
-        # renewed), then the renewals; jobs still queued are resumed by the next start.
+        # The sweeper first (nothing new is sent), then the running jobs are handed back (queued again, their
+        # engine work aborted: worker/stopping.py) and the worker stopped, then the renewals; queued jobs
+        # are resumed by the next start.
         self.sweeper.stop()
+        self.runtime.leases.hand_back_all()  # running jobs go back to the queue now (worker/stopping.py)
         if self.controller is not None:
             self.controller.stop(in_sighandler=False, exitcode=0)
         if self.thread is not None:

@@ -6,6 +6,10 @@ a renewal that finds the lease gone (the job was canceled, or the sweeper handed
 after this one looked dead) marks the attempt ``lost``, and the attempt stops at its next engine event.
 A database outage only skips renewals: a lease has four renewals of slack, and the sweeper waits one
 ``lease_s`` after the database returns before judging leases (worker/sweeper.py).
+
+When the process is asked to stop (SIGTERM), :meth:`LeaseKeeper.hand_back_all` marks every held lease
+``handed_back`` and stops its engine work; each attempt then gives its job back to the queue
+(:mod:`worker.process`), and no new job is claimed.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from diarist import jobs
@@ -26,11 +31,15 @@ log = logging.getLogger("diarist.worker")
 
 @dataclass
 class Lease:
-    """One attempt's hold on a job row; ``lost`` once the row says another owner (or a final state)."""
+    """One attempt's hold on a job row; ``lost`` once the row says another owner (or a final state);
+    ``handed_back`` once the process stops and gives the job back; ``stop`` ends the attempt's engine work
+    (set by the attempt once it has some)."""
 
     job_id: str
     owner: str
     lost: bool = False
+    handed_back: bool = False
+    stop: Callable[[], None] | None = None
 
 
 class LeaseKeeper:
@@ -43,6 +52,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.closing = False  # set by hand_back_all: no new claim
 
     def new_owner(self) -> str:
         """A token naming one attempt (unique across processes and attempts)."""
@@ -62,6 +72,20 @@ class LeaseKeeper:
     def held(self) -> list[Lease]:
         with self._lock:
             return list(self._held.values())
+
+    def hand_back_all(self) -> int:
+        """The process is stopping: claim nothing more, and end every held attempt's engine work so that it
+        gives its job back (thread-safe; quick: safe in a signal handler). Returns how many were held."""
+        self.closing = True
+        held = self.held()
+        for lease in held:
+            lease.handed_back = True
+            if lease.stop is not None:
+                try:
+                    lease.stop()
+                except Exception:  # one failing stop must not keep the others running
+                    log.exception("stopping the engine work of %s failed", lease.job_id)
+        return len(held)
 
     def renew_all(self) -> int:
         """Renew every held lease once; returns how many were renewed. Never raises for an outage."""

@@ -13,7 +13,10 @@ sweeper re-drives; nothing is left ``processing`` by a live worker):
 - an outage after the engine answered (storing the transcript, completing the row) → retried here with
   backoff, so the engine's work is not thrown away (the lease keeps being renewed meanwhile);
 - the engine dropped the request → requeue spending an attempt (``engine_error`` after ``engine_attempts``);
-- the job's own error (bad audio, a bug) → ``failed`` with its code.
+- the job's own error (bad audio, a bug) → ``failed`` with its code;
+- the worker is stopping (SIGTERM: :meth:`worker.leases.LeaseKeeper.hand_back_all`) → its engine work is
+  aborted and the job requeued at once without spending an attempt; a message that arrives while it stops
+  is sent back unclaimed.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ def process_job(rt: Runtime, job_id: str, redeliveries: int = 0) -> Outcome:
     found the database down).
     """
     svc = rt.services
+    if rt.leases.closing:  # stopping: leave the job queued for another worker (the task re-sends the message)
+        return Outcome("retry", None, 0.0)
     owner = rt.leases.new_owner()
     try:
         job = jobs.claim(svc, job_id, owner)
@@ -130,6 +135,9 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
         return _fail(rt, job_id, "audio_missing", "the job has no stored audio")
     svc.bus.publish(job_id, StatusEvent(JobStatus.PROCESSING.value, job.progress).to_json())
     token = CancelToken()
+    lease.stop = token.cancel
+    if lease.handed_back:  # the stop came between the claim and here
+        token.cancel()
     progress = _Progress(rt, job_id, job.duration_s, lease, token)
     try:
         if rt.engine is None:
@@ -149,6 +157,8 @@ def _attempt(rt: Runtime, job: Job, lease: Lease, redeliveries: int) -> Outcome:
     except InvalidRequest as e:  # options stored with the job that the contract refuses: the job's own error
         return _fail(rt, job_id, e.code, e.message)
     except JobFailure as e:
+        if lease.handed_back and not lease.lost:
+            return _hand_back(rt, job_id, lease)
         if token.is_set() or lease.lost:  # canceled, or taken over: the engine call was given up on purpose
             return Outcome("skipped")
         if e.outage is not None:
@@ -195,6 +205,24 @@ def _store(rt: Runtime, job: Job, lease: Lease, transcript: Transcript, result: 
         return Outcome("completed")
     _durable(rt, lambda: svc.store.delete_prefix(key))  # canceled meanwhile, or another attempt won
     return Outcome("skipped")
+
+
+def _hand_back(rt: Runtime, job_id: str, lease: Lease) -> Outcome:
+    """The worker is stopping: the job goes back to ``queued`` now, its attempt not spent, and the task
+    re-sends its message. One try: if the database does not answer, the lease lapses and the sweeper
+    re-drives the job (within ``lease_s + sweep_interval_s``), so stopping is never held up by an outage."""
+    try:
+        back = jobs.requeue(rt.services, job_id, lease.owner, 0.0, counted=False)
+    except Exception as e:
+        if classify(e) is None:
+            raise
+        log.warning("job %s not handed back (%s unavailable): the sweeper re-drives it once its lease lapses",
+                    job_id, classify(e).value)
+        return Outcome("skipped")
+    if not back:  # canceled or taken over meanwhile
+        return Outcome("skipped")
+    log.info("job %s handed back for re-drive: this worker is stopping", job_id)
+    return Outcome("retry", None, 0.0)
 
 
 def _outage(rt: Runtime, job: Job, lease: Lease, dep: Dependency, message: str, redeliveries: int) -> Outcome:

@@ -17,14 +17,24 @@ unreachable at that moment anyway, the message stays in Redis' unacked hash (res
 visibility timeout), and a broker that lost it is re-driven by the sweeper (worker/sweeper.py).
 Registered as the transport ``diaristredis``; :func:`worker.celery_app.configure` maps ``redis://``
 URLs onto it.
+
+The same outage makes kombu log "Couldn't ack <tag>, reason: DetachedChannelError(...)" at CRITICAL with a
+traceback for each job that ends while the broker is away. That is expected and harmless (the message stays
+in Redis' unacknowledged hash; once restored it is redelivered and skipped, since the job row is final:
+docs/operations.md, "Unacknowledged messages"), so :class:`LostAckFilter` makes it one WARNING line without
+a traceback, carrying the job id (:class:`worker.tasks.JobRequest` acknowledges inside the job's context).
 """
 
 from __future__ import annotations
+
+import logging
 
 from kombu.transport import TRANSPORT_ALIASES, redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 ALIAS = "diaristredis"
+ACK_LOGGER = "celery.worker.request"
+"""The logger Celery passes to kombu's ``Message.ack_log_error`` / ``reject_log_error``."""
 
 
 class DetachedChannelError(RedisConnectionError):
@@ -45,3 +55,30 @@ class Transport(redis.Transport):
 
 
 TRANSPORT_ALIASES.setdefault(ALIAS, f"{__name__}:Transport")
+
+
+class LostAckFilter(logging.Filter):
+    """Turns kombu's "Couldn't ack/reject <tag>, reason: <error>" record, when the error is a lost Redis
+    connection, into one WARNING line without a traceback; any other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if not msg.startswith(("Couldn't ack", "Couldn't reject")) or not isinstance(record.args, tuple) \
+                or len(record.args) != 2 or not isinstance(record.args[1], RedisConnectionError):
+            return True
+        tag, exc = record.args
+        verb = "acknowledged" if msg.startswith("Couldn't ack") else "rejected"
+        record.msg = ("message %s not %s: the broker connection was lost (%s: %s); Redis keeps it "
+                      "unacknowledged and redelivers it after the visibility timeout, where the job row "
+                      "makes it a no-op")
+        record.args = (tag, verb, type(exc).__name__, exc)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def install_lost_ack_filter() -> None:
+    """Add :class:`LostAckFilter` to Celery's request logger (once per process)."""
+    logger = logging.getLogger(ACK_LOGGER)
+    if not any(isinstance(f, LostAckFilter) for f in logger.filters):
+        logger.addFilter(LostAckFilter())

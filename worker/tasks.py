@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from celery.exceptions import Retry
+from celery.worker.request import Request
 
 from diarist import jobs
 from diarist.logs import job_context
@@ -20,6 +21,24 @@ from worker.runtime import runtime
 from worker.webhooks import deliver
 
 log = logging.getLogger("diarist.worker")
+
+
+class JobRequest(Request):
+    """Celery's request, acknowledged (or rejected) inside its job's log context: a line about its message,
+    such as a lost ack after a Redis restart (worker/redis_broker.py), names the job. The job id is the
+    task's first argument."""
+
+    def _job_id(self) -> str | None:
+        args = self.args
+        return args[0] if args and isinstance(args[0], str) else None
+
+    def acknowledge(self) -> None:
+        with job_context(self._job_id()):
+            super().acknowledge()
+
+    def reject(self, requeue: bool = False) -> None:
+        with job_context(self._job_id()):
+            super().reject(requeue=requeue)
 
 
 def _countdown(rt, delay_s: float) -> float:
@@ -45,7 +64,8 @@ def _retry(task, countdown: float, on_lost) -> str:
         return "retry_lost"
 
 
-@app.task(name="diarist.transcribe", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+@app.task(name="diarist.transcribe", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+          Request=JobRequest)
 def transcribe(self, job_id: str) -> str:
     """Transcribe one job row (idempotent). Returns the outcome state."""
     rt = runtime()
@@ -57,7 +77,8 @@ def transcribe(self, job_id: str) -> str:
     return outcome.state
 
 
-@app.task(name="diarist.deliver_webhook", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+@app.task(name="diarist.deliver_webhook", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None,
+          Request=JobRequest)
 def deliver_webhook(self, job_id: str, event: str, message_id: str) -> str:
     """One delivery attempt of an outbox message (``message_id``); retries with backoff (bounded by
     settings, counted on the outbox row)."""

@@ -76,13 +76,27 @@ def running_jobs(s: Session, now: datetime, stall_after_s: float = 300.0) -> lis
 
 
 def workers(s: Session, now: datetime, alive_s: float) -> list[dict[str, Any]]:
-    """Every worker process that wrote a heartbeat in the last day: ``alive`` when seen within ``alive_s``,
-    its queues, whether it reaches its engine (None: no engine, e.g. a webhooks worker), jobs held."""
+    """Every worker process that wrote a heartbeat in the last day: ``alive`` when seen within ``alive_s``
+    (``Settings.worker_beat_bound_s``), its queues, whether it reaches its engine (None: no engine, e.g. a
+    webhooks worker), jobs held (0 once it is gone: its jobs' leases lapse and the sweeper re-drives them)."""
     rows = s.scalars(select(WorkerBeat).where(WorkerBeat.seen_at >= now - timedelta(days=1))
                      .order_by(WorkerBeat.queues, WorkerBeat.name))
-    return [{"name": w.name, "queues": w.queues, "alive": (seconds(w.seen_at, now) or 0.0) <= alive_s,
-             "seen_s_ago": seconds(w.seen_at, now), "engine_url": w.engine_url, "engine_ok": w.engine_ok,
-             "running": w.running} for w in rows]
+    out = []
+    for w in rows:
+        alive = (seconds(w.seen_at, now) or 0.0) <= alive_s
+        out.append({"name": w.name, "queues": w.queues, "alive": alive, "seen_s_ago": seconds(w.seen_at, now),
+                    "engine_url": w.engine_url, "engine_ok": w.engine_ok, "running": w.running if alive else 0})
+    return out
+
+
+def alive_workers(s: Session, now: datetime, alive_s: float) -> dict[str, int]:
+    """Worker processes whose heartbeat is at most ``alive_s`` seconds old, by class. A heartbeat is named
+    ``<node>:<pid>`` (worker/sweeper.py), the node ``<class>@<host>`` for ``diarist worker`` or ``embedded``."""
+    out: dict[str, int] = {}
+    for name in s.scalars(select(WorkerBeat.name).where(WorkerBeat.seen_at >= now - timedelta(seconds=alive_s))):
+        klass = name.rsplit(":", 1)[0].split("@", 1)[0]
+        out[klass] = out.get(klass, 0) + 1
+    return out
 
 
 def finished_counts(s: Session, since: datetime) -> dict[str, int]:

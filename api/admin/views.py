@@ -8,7 +8,7 @@ from fastapi import APIRouter, Form, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
-from api.admin import engines, queries, series
+from api.admin import engines, queries, readiness, series
 from api.admin.config import get_admin_settings
 from api.admin.render import STATIC_DIR, fragment, page
 from api.admin.session import AdminApi, AdminPage, check_csrf, clear_session, resolve, set_session
@@ -72,10 +72,12 @@ def logout(request: Request, user: AdminPage, csrf: Annotated[str, Form()] = "")
 
 def _live(request: Request) -> dict:
     st = request.app.state.services.settings
-    # A worker's sweeper beats every sweep_interval_s: three missed beats and it counts as gone.
     data = queries.overview(request.app.state.services.db, stall_after_s=st.stall_after_s,
-                            worker_alive_s=3 * st.sweep_interval_s)
+                            worker_alive_s=st.worker_beat_bound_s)
     data["engines"] = engines.summary(engines.engine_stats(request.app))
+    # what /readyz found, with the errors it keeps from unauthenticated callers (driver messages, hosts)
+    found = readiness.readiness(request, request.app.state.services)
+    data["readiness"] = {"status": found.status, "checks": found.details, "random_weights": found.random_weights}
     data["series"] = series.last_hour(request.app.state.services.db)
     return data
 

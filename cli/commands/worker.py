@@ -4,7 +4,8 @@ Thread pool; consumes only its class's queue (``transcribe.short``, ``transcribe
 Transcription workers stream from the engine server at DIARIST_ENGINE_URL (the first of its list; the
 others take the jobs while it is down) and never load a model (no CUDA in workers). Each process also
 renews the leases of the jobs it runs and runs a sweeper (worker/sweeper.py) that re-drives jobs and
-webhooks left by dead workers or a lost broker message.
+webhooks left by dead workers or a lost broker message. SIGTERM: the worker takes no more jobs and hands
+its running ones back for re-drive, then exits (worker/stopping.py).
 """
 
 from __future__ import annotations
@@ -89,8 +90,13 @@ def run(args: argparse.Namespace) -> int:
     rt.leases.start()
     sweeper = Sweeper(services, dispatcher, hostname, [routing.CLASSES[args.klass]], engine=engine, leases=rt.leases)
     sweeper.start()
-    w = app.Worker(pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]],
-                   hostname=hostname, loglevel=level, without_mingle=True, without_gossip=True)
+    # quiet: no banner printed to stdout, which would break a JSON log stream ("<hostname> ready." is logged)
+    from worker.stopping import handing_back_worker
+
+    # SIGTERM hands the running jobs back instead of waiting for them (worker/stopping.py)
+    w = handing_back_worker(app, rt.leases)(
+        pool="threads", concurrency=concurrency, queues=[routing.CLASSES[args.klass]], hostname=hostname,
+        loglevel=level, without_mingle=True, without_gossip=True, quiet=st.log_format == "json")
     try:
         w.start()
     finally:

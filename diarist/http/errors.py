@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from diarist.contract.errors import CodedError
 from diarist.outages import classify
@@ -87,7 +88,8 @@ class InternalErrors:
     Expected failures (:class:`~diarist.contract.errors.CodedError`, validation, HTTP errors) never get here and log no traceback.
     A dependency outage that escapes a route (:func:`diarist.outages.classify`: e.g. Postgres down while
     the API key is looked up) is not a bug: 503 with the dependency's code (``database_unavailable``, ...)
-    and ``Retry-After``, logged as one warning line.
+    and ``Retry-After``, logged as one warning line. A client that goes away before its request body is read
+    (an abandoned upload: Starlette's ``ClientDisconnect``) is one INFO line: nobody is left to answer.
     """
 
     def __init__(self, app: Any, retry_after_s: int | None = None) -> None:
@@ -106,6 +108,9 @@ class InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            log.info("%s %s: the client closed the connection before its request was read (upload abandoned)",
+                     scope.get("method"), scope.get("path"))
         except Exception as exc:  # the one place unexpected errors are logged and answered
             dep = classify(exc)
             if dep is not None:

@@ -60,11 +60,18 @@ def readyz_and_metrics(tmp_path):
         svc.close()
 
 
-def test_comma_separated_engines_are_checked_by_readyz_and_metrics(tmp_path, admin_env):
+def readiness_log(caplog) -> list[str]:
+    """The ``readiness: ...`` lines the API logged (where /readyz's details go)."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("readiness: ")]
+
+
+def test_comma_separated_engines_are_checked_by_readyz_and_metrics(tmp_path, admin_env, caplog):
     admin_env(f"{DOWN[0]}, {DOWN[1]}/")
+    caplog.set_level("INFO", logger="diarist.api")
     ready, metrics = readyz_and_metrics(tmp_path)
     assert ready.status_code == 200 and ready.json()["status"] == "degraded"
-    assert ready.json()["checks"]["engine"] == f"error: not answering: {DOWN[1]}, {DOWN[0]}"  # sorted
+    assert ready.json()["checks"]["engine"] == "error"
+    assert readiness_log(caplog) == [f"readiness: engine error: not answering: {DOWN[1]}, {DOWN[0]}"]  # sorted
     assert metrics.status_code == 200
     up = {s.labels["engine"]: s.value for f in text_string_to_metric_families(metrics.text)
           if f.name == "diarist_engine_up" for s in f.samples}
@@ -102,7 +109,7 @@ def test_diarist_serve_refuses_a_bad_value_before_listening(admin_env, capsys, m
     assert "http:// or https:// with a host" in err and "Traceback" not in err
 
 
-def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_env, monkeypatch):
+def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_env, monkeypatch, caplog):
     """Whatever goes wrong reading the engines' stats, /readyz says so under ``engine`` and /metrics answers
     (without engine series)."""
     from api.admin import engines
@@ -112,9 +119,11 @@ def test_a_failed_look_at_the_engines_is_reported_not_dropped(tmp_path, admin_en
 
     admin_env(DOWN[0])
     monkeypatch.setattr(engines, "engine_stats", broken)
+    caplog.set_level("INFO", logger="diarist.api")
     ready, metrics = readyz_and_metrics(tmp_path)
     assert ready.json()["status"] == "degraded"
-    assert ready.json()["checks"]["engine"] == "error: RuntimeError: stats table corrupt"
+    assert ready.json()["checks"]["engine"] == "error"
+    assert readiness_log(caplog) == ["readiness: engine error: RuntimeError: stats table corrupt"]
     assert metrics.status_code == 200 and "diarist_jobs{" in metrics.text
     assert "diarist_engine_up{" not in metrics.text
 

@@ -142,9 +142,9 @@ def test_stalled_jobs_and_worker_liveness(db):
         s.add(WorkerBeat(name="short@a:1", queues="transcribe.short", engine_url="http://e", engine_ok=True,
                          running=2, started_at=at(60), seen_at=at(0.25)))
         s.add(WorkerBeat(name="short@b:2", queues="transcribe.short", engine_url="http://e", engine_ok=False,
-                         running=0, started_at=at(60), seen_at=at(5)))
+                         running=3, started_at=at(60), seen_at=at(5)))  # its last beat held 3 jobs
     o = queries.overview(db, now=NOW, stall_after_s=300.0, worker_alive_s=45.0)
     flags = {j["id"]: (j["stalled"], j["orphaned"]) for j in o["running"]}
     assert flags == {"job_live": (False, False), "job_stuck": (True, False)}
     assert [(w["name"], w["alive"], w["engine_ok"], w["running"]) for w in o["workers"]] == [
-        ("short@a:1", True, True, 2), ("short@b:2", False, False, 0)]
+        ("short@a:1", True, True, 2), ("short@b:2", False, False, 0)]  # a gone worker holds nothing

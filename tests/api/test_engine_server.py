@@ -263,3 +263,35 @@ def test_uploads_are_spooled_under_the_spool_dir_and_removed(stack, tmp_path, mo
         assert r.status_code == 422
     assert len(spooled) == 2 and all(Path(p).parent == tmp_path for p in spooled)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_log_line_per_request_in_json(engine_client):
+    """Issue 33 item 16: a request's line carries its id, the job id, audio seconds, tokens, finish reason
+    and seconds, as keys of the JSON line."""
+    import io
+    import logging
+
+    from diarist.logs import make_handler
+    from engine_server.protocol import JOB_ID_HEADER
+
+    buf = io.StringIO()
+    handler, logger = make_handler("json", buf), logging.getLogger("diarist.engine_server")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    job_id = "job_" + "a" * 32
+    try:
+        body = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+        with engine_client.stream("POST", "/internal/transcribe", content=body, headers={JOB_ID_HEADER: job_id}) as r:
+            lines = [json.loads(x) for x in r.iter_lines() if x]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert lines[-1]["type"] == "result"
+    out = [json.loads(x) for x in buf.getvalue().splitlines()]
+    mine = [o for o in out if "request_id" in o]
+    assert len(mine) == 1, out
+    o = mine[0]
+    assert o["job_id"] == job_id and o["finish_reason"] == "stop" and o["audio_s"] == pytest.approx(11.0, abs=0.01)
+    assert o["output_tokens"] > 0 and o["prompt_tokens"] > 0 and o["seconds"] > 0 and o["error"] is None
+    assert o["message"].startswith(f"request {o['request_id']} stop: 11.0 s of audio")

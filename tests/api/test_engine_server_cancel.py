@@ -9,7 +9,9 @@ of the disconnect, long before the windows of three minutes of speech could all 
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import socket
 import threading
 import time
@@ -200,3 +202,74 @@ def test_disconnect_during_a_synchronous_openai_request_aborts_it(engine_server,
             assert time.monotonic() < deadline, "the request never reached the engine"
             time.sleep(0.02)
     assert_request_dropped(engine, free0, finished0, n_windows)
+
+
+class Records(logging.Handler):
+    """The engine server's log records, as its handler would get them."""
+
+    def __init__(self) -> None:
+        from diarist.logs import ContextFilter
+
+        super().__init__(logging.INFO)
+        self.addFilter(ContextFilter())  # sets record.job_id, as the service's handler does
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_a_worker_cancel_only_lowers_the_engine_load_and_is_logged(engine_server, long_recording):
+    """Issue 33 item 12 end to end: from the worker's cancel on, the engine's running + waiting count never
+    rises and reaches zero (sampled every 5 ms); issue 33 item 16: the engine server logs the request's line
+    (job id, audio seconds, tokens, finish reason ``abort``, seconds) and one cancel line."""
+    from diarist.logs import job_context
+
+    engine, url = engine_server
+    path, n_windows = long_recording
+    free0, finished0 = start_counts(engine)
+    token = CancelToken()
+    samples: list[tuple[bool, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            s = engine.stats()
+            samples.append((token.is_set(), s["running_requests"] + s["waiting_requests"]))
+            time.sleep(0.005)
+
+    def on_event(kind: str, payload: dict) -> None:
+        if kind == "started":
+            token.cancel()
+
+    logger, records = logging.getLogger("diarist.engine_server"), Records()
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(records)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with job_context("job_" + "c" * 32), pytest.raises(JobFailure):
+            HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=on_event,
+                                                            cancel=token)
+        assert_request_dropped(engine, free0, finished0, n_windows)
+        deadline = time.monotonic() + 10
+        while not any(getattr(r, "fields", {}).get("event") == "cancel" for r in records.records):
+            assert time.monotonic() < deadline, "no cancel line"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        sampler.join()
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    after = [n for canceled, n in samples if canceled]
+    assert after and after[-1] == 0
+    runs = [(n, len(list(g))) for n, g in itertools.groupby(after)]  # (load, samples): short enough to print
+    assert all(b <= a for a, b in itertools.pairwise(after)), f"the load rose after the cancel: {runs}"
+    mine = [r for r in records.records if getattr(r, "fields", None)]
+    done = [r for r in mine if "finish_reason" in r.fields]
+    cancels = [r for r in mine if r.fields.get("event") == "cancel"]
+    assert len(done) == 1 and len(cancels) == 1
+    f = done[0].fields
+    assert f["finish_reason"] == "abort" and f["audio_s"] == pytest.approx(len(path.read_bytes()) / 32_000, abs=0.1)
+    assert f["seconds"] > 0 and f["output_tokens"] is not None and done[0].job_id == "job_" + "c" * 32
+    assert cancels[0].fields["request_id"] == f["request_id"]

@@ -176,3 +176,44 @@ def test_oversized_json_request_is_413(client):
                     headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
 
+
+
+def test_an_abandoned_upload_is_one_log_line_not_a_traceback(tmp_path, caplog):
+    """Issue 33 item 25: the client sends part of a multipart upload and disconnects: one INFO line, no
+    traceback, no job (the real POST /v1/jobs, driven as the ASGI server would)."""
+    import asyncio
+    import logging
+
+    from tests.api.test_readyz import app_for
+
+    svc, app = app_for(tmp_path)
+    boundary = "b0undary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            "Content-Type: audio/wav\r\n\r\n").encode() + b"RIFF" + b"\0" * 4096
+    events = [{"type": "http.request", "body": head, "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict] = []
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/jobs", "raw_path": b"/v1/jobs", "query_string": b"",
+             "root_path": "", "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"testserver"), (b"content-type", f"multipart/form-data; boundary={boundary}".encode()),
+                         (b"content-length", b"10000000")]}
+
+    async def receive() -> dict:
+        return events.pop(0) if events else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    caplog.set_level(logging.INFO)
+    try:
+        asyncio.run(app(scope, receive, send))
+        with svc.db.session() as s:
+            from diarist.models import Job
+
+            assert s.query(Job).count() == 0
+    finally:
+        svc.close()
+    mine = [r for r in caplog.records if "/v1/jobs" in r.getMessage()]
+    assert [r.getMessage() for r in mine] == [
+        "POST /v1/jobs: the client closed the connection before its request was read (upload abandoned)"]
+    assert not any(r.exc_info for r in caplog.records)

@@ -45,7 +45,7 @@ def fill(db: Database) -> None:
 
 def scrape(db: Database) -> dict:
     reg = CollectorRegistry()
-    reg.register(JobsCollector(db))
+    reg.register(JobsCollector(db, worker_alive_s=45.0))
     return families(generate_latest(reg).decode())
 
 
@@ -70,6 +70,30 @@ def test_job_gauges_from_rows_on_sqlite(tmp_path):
 
 
 @pytest.mark.services
+def test_workers_are_counted_from_their_heartbeats(tmp_path):
+    """Issue 33 item 14: ``diarist_workers`` counts the processes whose heartbeat is within the bound (a
+    worker busy with jobs beats even when a Celery ping would time out: the ping once read 0 under load),
+    and a process past it is gone."""
+    from diarist.models import WorkerBeat
+
+    url = f"sqlite:///{tmp_path / 'w.sqlite3'}"
+    upgrade(url)
+    db = Database(url)
+    now = datetime.now(UTC)
+    try:
+        with db.session() as s:
+            for name, queues, ago in (("short@a:11", "transcribe.short", 5), ("short@b:12", "transcribe.short", 30),
+                                      ("long@a:13", "transcribe.long", 46), ("webhooks@a:14", "webhooks", 1),
+                                      ("embedded:15", "transcribe.short,transcribe.long,webhooks", 2)):
+                s.add(WorkerBeat(name=name, queues=queues, running=3, started_at=now - timedelta(hours=1),
+                                 seen_at=now - timedelta(seconds=ago)))
+        fams = scrape(db)
+    finally:
+        db.dispose()
+    got = {s.labels["class"]: s.value for s in fams["diarist_workers"].samples}
+    assert got == {"short": 2, "long": 0, "webhooks": 1, "embedded": 1}
+
+
 def test_job_gauges_from_rows_on_postgres():
     from tests.servers import start_postgres
 

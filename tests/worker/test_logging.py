@@ -65,3 +65,54 @@ def test_crash_logs_one_traceback_with_the_job_id(run_task):
     with_tb = [o for o in out if "exc" in o]
     assert len(with_tb) == 1 and with_tb[0]["job_id"] == job_id
     assert "RuntimeError: a bug in the engine client" in with_tb[0]["exc"]
+
+
+def test_a_lost_ack_after_a_redis_restart_is_one_line_with_the_job_id():
+    """Issue 33 item 15: kombu's "Couldn't ack ... DetachedChannelError" (CRITICAL, with a traceback) for a
+    job that ended while Redis restarted is one WARNING line naming the job, without a traceback; the
+    acknowledgement runs through the task's real request class and kombu's real ``ack_log_error``."""
+    from celery import Celery
+    from celery.contrib.testing.mocks import TaskMessage
+    from kombu.message import Message
+
+    from diarist.settings import Settings
+    from worker import redis_broker, tasks
+    from worker.celery_app import configure
+
+    configure(Settings(broker_url="redis://127.0.0.1:9/0"), Celery("probe"))  # installs the filter, as a worker does
+
+    class Channel:
+        no_ack_consumers = None
+
+        def basic_ack(self, tag, multiple=False):
+            raise redis_broker.DetachedChannelError("the broker connection of this channel was closed")
+
+    job_id = "job_" + "b" * 32
+    raw = TaskMessage("diarist.transcribe", args=[job_id])
+    message = Message(body=raw.body, channel=Channel(), delivery_tag=7, content_type=raw.content_type,
+                      content_encoding=raw.content_encoding, headers=raw.headers)
+    request = tasks.JobRequest(message, on_ack=message.ack_log_error, app=tasks.app,
+                               task=tasks.transcribe, connection_errors=(redis_broker.RedisConnectionError,))
+    root, buf = logging.getLogger(), io.StringIO()
+    handler, level = make_handler("json", buf), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        request.acknowledge()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    out = [json.loads(x) for x in buf.getvalue().splitlines()]
+    assert len(out) == 1, out
+    line = out[0]
+    assert line["level"] == "WARNING" and "exc" not in line and line["job_id"] == job_id
+    assert line["message"].startswith("message 7 not acknowledged: the broker connection was lost "
+                                      "(DetachedChannelError")
+
+
+def test_other_celery_request_lines_pass_unchanged():
+    from worker.redis_broker import LostAckFilter
+
+    record = logging.LogRecord("celery.worker.request", logging.CRITICAL, __file__, 1, "Couldn't ack %r, reason:%r",
+                               (3, OSError("disk")), None)
+    assert LostAckFilter().filter(record) and record.levelno == logging.CRITICAL and record.msg.startswith("Couldn't")

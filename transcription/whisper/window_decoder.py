@@ -163,6 +163,7 @@ class WindowDecoder:
         self.results: list[WindowResult] = []
         self.sequences: list[Sequence] = []  # every attempt, for the metrics
         self.canceled = False
+        self._should_cancel: Callable[[], bool] | None = None
         self._emitted = 0
         self._lock = threading.Lock()
         self._started = False
@@ -171,9 +172,13 @@ class WindowDecoder:
     def run(self, windows: list[Window], should_cancel: Callable[[], bool] | None = None) -> list[WindowResult]:
         """Decode ``windows`` (from ``pack_windows``) and what they lead to; results in time order.
 
+        Once ``should_cancel()`` is True no attempt is submitted any more (first windows, fallbacks,
+        re-plans) and every running one is aborted: a canceled recording's load on the engine only falls.
+
         Raises:
             EngineError: an attempt failed inside the engine (the recording's other sequences are aborted).
         """
+        self._should_cancel = should_cancel
         for group in self._groups(windows):
             self._start(group, resumes=0)
         while self.active:
@@ -236,6 +241,9 @@ class WindowDecoder:
             self._start(group, resumes)
 
     def _submit(self, task: _Task, attempt: int) -> None:
+        if self.canceled or (self._should_cancel is not None and self._should_cancel()):
+            self.canceled = True  # the window is dropped with the rest of the canceled recording
+            return
         params = SamplingParams(temperature=self.temperatures[attempt], seed=FALLBACK_SEED, logprobs=True)
         seq = self.new_sequence(task.window, params, task.cut)
         seq.on_event = self._listener
