@@ -20,7 +20,7 @@ from engine.request import RequestRejected
 from transcription.audio import DecodedAudio, decode_audio
 from transcription.errors import EngineError, Rejected
 from transcription.pipeline import pipeline_class
-from transcription.progress import EventFn
+from transcription.progress import EventFn, begin_stage
 from transcription.result import finish_result, speaker_hint_warnings
 
 __all__ = ["EngineError", "TranscribeOptions", "Transcriber"]
@@ -102,6 +102,7 @@ class Transcriber:
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
                 source, samples=source.samples.mean(axis=0, keepdims=True))
         else:
+            begin_stage(on_event, "decode")
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if audio.duration > self.max_duration_s:  # the pipeline's memory bound
