@@ -19,6 +19,7 @@ from pydantic import (
 
 from diarist.contract.options import MAX_SPEAKERS, OPTION_FIELDS, TASKS, check_hints
 from diarist.contract.result import EngineMetrics
+from diarist.formats import SUPPORTED_FORMATS
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
 
@@ -32,7 +33,7 @@ def served_progress(progress: float) -> float:
     return round(progress, PROGRESS_DECIMALS)
 
 Status = Literal["queued", "processing", "completed", "failed", "canceled"]
-TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"]
+TranscriptFormat = Literal[SUPPORTED_FORMATS]  # type: ignore[valid-type] - diarist.formats' one list
 
 
 class JobOptions(BaseModel):

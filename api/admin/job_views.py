@@ -14,6 +14,7 @@ from api.admin import listing, queries, timeline
 from api.admin.config import get_admin_settings
 from api.admin.render import SPEAKER_COLORS, page
 from api.admin.session import AdminPage, check_csrf
+from api.schemas import TranscriptFormat
 from diarist import admin_actions, audit
 from diarist.formats import render
 from diarist.models import Job, WebhookDelivery
@@ -105,7 +106,7 @@ async def job_detail(request: Request, user: AdminPage, job_id: JobPath,
 
 @router.get("/{job_id}/transcript")
 def transcript(request: Request, user: AdminPage, job_id: JobPath,
-               format: Annotated[str, Query(pattern="^(json|txt|srt|vtt|rttm)$")] = "txt") -> Response:
+               format: Annotated[TranscriptFormat, Query()] = "txt") -> Response:
     """The whole transcript in a format (the public route needs the owner's Bearer key)."""
     with request.app.state.services.db.session() as s:
         job = s.get(Job, job_id)
