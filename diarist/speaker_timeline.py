@@ -171,7 +171,7 @@ def to_svg(t: Transcript) -> str:
         return LABEL_W + sec * scale
 
     def rect(b: Bar, y: float, h: float, fill: str, extra: str = "") -> str:
-        w = max((b.end - b.start) * scale, 0.75)  # a short segment stays visible on a long recording
+        w = max((b.end - b.start) * scale, 1.0)  # a short segment stays visible on a long recording
         return f'<rect x="{x(b.start):.2f}" y="{y:.1f}" width="{w:.2f}" height="{h}" fill="{fill}"{extra}'
 
     speakers = sum(lane.speaker is not None for lane in tl.lanes)

@@ -18,6 +18,7 @@ from api.schemas import TranscriptFormat
 from diarist import admin_actions, audit
 from diarist.formats import render
 from diarist.models import Job, WebhookDelivery
+from diarist.speaker_timeline import SpeakerTimeline
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
 
@@ -84,6 +85,7 @@ def _detail(request: Request, job_id: str) -> dict[str, Any] | None:
     speakers = {sp: i % SPEAKER_COLORS for i, sp in enumerate(tr.speakers)} if tr else {}
     return {"job": job, "m": job.metrics, "deliveries": deliveries, "transcript": tr, "transcript_error": tr_error,
             "segments": tr.segments[:PREVIEW_SEGMENTS] if tr else [], "speakers": speakers,
+            "speaker_timeline": SpeakerTimeline.of(tr).to_json() if tr else None,
             "incomplete_reason": _incomplete_reason(job, tr), "cls": queries.class_of(job.queue),
             "owner": queries.key_names(services.db).get(job.owner_key, job.owner_key or "(auth off)"),
             "bar": timeline.bar(timeline.phases(job, job.metrics)), "allowed": admin_actions.allowed(job),

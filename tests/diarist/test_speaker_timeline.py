@@ -77,7 +77,7 @@ def test_a_long_meeting_stays_small_and_every_segment_is_drawn():
     body = to_svg(t)
     root = ET.fromstring(body)
     bars = [e for e in root.iter(SVG + "rect") if e.find(SVG + "title") is not None]
-    assert len(bars) == 1000 and all(float(b.get("width")) >= 0.75 for b in bars)
+    assert len(bars) == 1000 and all(float(b.get("width")) >= 1.0 for b in bars)
     assert len(body) < 400_000
     assert tick_step(5400.0) == 600 and [e.text for e in root.iter(SVG + "text")][-1] == "1:30:00"
 
