@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from diarist.contract.errors import CodedError, ProtocolError
-from diarist.contract.events import ErrorLine, ResultLine, from_line, payload
+from diarist.contract.events import ErrorLine, ResultLine, Stage, from_line, payload
 from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import TranscriptionResult
 from diarist.logs import current_job_id
@@ -133,6 +133,8 @@ class HttpEngineClient:
         if cancel is not None and cancel.is_set():
             raise JobFailure("canceled", "the job was canceled; engine request closed")
         t0 = time.perf_counter()
+        if on_event is not None:  # the engine server's stream starts after the decode: its stage is told here
+            on_event(Stage.type, payload(Stage("decode")))
         try:  # decoded here, on the worker's CPU: the engine process keeps its CPU for the GPU loop
             decoded = decode_audio(audio, mono=not opts.multichannel,
                                    frontend=Frontend.for_family(self.family))
