@@ -67,17 +67,12 @@ class SpeakerTimeline:
     @classmethod
     def of(cls, t: Transcript) -> SpeakerTimeline:
         """The timeline of transcript ``t``."""
-        names = dict(t.speaker_names or {})
-        labels: list[str] = []
-        for sp in t.speakers:
-            label, name = _label_and_name(sp)
-            labels.append(label)
-            if name:
-                names[label] = name
+        labels = list(t.speakers)
         for s in t.segments:  # a label the speakers list misses still gets its lane
             if s.speaker is not None and s.speaker not in labels:
                 labels.append(s.speaker)
-        lanes = [Lane(label, names.get(label) or label, PALETTE[i % len(PALETTE)]) for i, label in enumerate(labels)]
+        lanes = [Lane(label, speaker_name(t, label) or label, PALETTE[i % len(PALETTE)])
+                 for i, label in enumerate(labels)]
         index = {label: i for i, label in enumerate(labels)}
         if any(s.speaker is None for s in t.segments):
             index[None] = len(lanes)
@@ -97,13 +92,12 @@ class SpeakerTimeline:
                 "overlaps": [list(o) for o in self.overlaps], "tick_steps": list(TICK_STEPS_S)}
 
 
-def _label_and_name(speaker: Any) -> tuple[str, str | None]:
-    """A ``speakers`` entry as ``(label, name or None)``: a plain label, or an object (or dict) with a
-    ``label`` (or ``id``) and an optional ``name``, for transcripts that carry names with their speakers."""
-    if isinstance(speaker, str):
-        return speaker, None
-    get = speaker.get if isinstance(speaker, dict) else lambda k: getattr(speaker, k, None)
-    return str(get("label") or get("id")), get("name") or None
+def speaker_name(t: Transcript, label: str) -> str | None:
+    """The name of speaker ``label`` when the transcript knows it: an identity's ``name`` (known speakers
+    matched to voice profiles or named by the caller, on transcripts that carry ``identities``), else the
+    source's own name for it (``speaker_names``, e.g. a channel label); ``None`` when it has none."""
+    identity = (getattr(t, "identities", None) or {}).get(label)
+    return getattr(identity, "name", None) or (t.speaker_names or {}).get(label)
 
 
 def overlaps(spans: Iterable[Bar]) -> tuple[tuple[float, float], ...]:

@@ -34,10 +34,13 @@ def test_one_lane_per_speaker_in_order_of_appearance_and_unknown_last():
 def test_a_lane_is_named_when_the_transcript_knows_the_name():
     t = transcript([seg("left", 0.0, 2.0), seg("right", 2.0, 3.0)])  # channel labels are kept as names
     assert [(lane.speaker, lane.name) for lane in SpeakerTimeline.of(t).lanes] == [("S01", "left"), ("S02", "right")]
-    # a transcript whose speakers carry names (objects or dicts with label and name)
-    named = t.model_copy(update={"speaker_names": None,
-                                 "speakers": [{"label": "S01", "name": "Alice"}, {"label": "S02", "name": None}]})
+    # a transcript with known speakers (voice profiles): an identity's name wins, an unnamed one falls back
+    from types import SimpleNamespace
+
+    named = t.model_copy(update={"speaker_names": None})
+    object.__setattr__(named, "identities", {"S01": SimpleNamespace(name="Alice"), "S02": SimpleNamespace(name=None)})
     assert [lane.name for lane in SpeakerTimeline.of(named).lanes] == ["Alice", "S02"]
+    assert "Alice" in to_svg(named)
 
 
 def test_overlaps_come_from_the_turns_when_the_transcript_has_them():
