@@ -7,8 +7,8 @@ so it is byte for byte what it is without the display.
 ``diarist transcribe`` reads the pipeline's own progress events (:mod:`diarist.contract.events`, the ones
 the service streams as SSE): ``stage`` names the stage, ``queued`` carries the audio's duration, each
 ``segment``'s end is the audio done so far, ``finished`` ends it. The estimate of what is left is rich's,
-from the rate of audio seconds transcribed over the last 30 s; it says nothing during stages that report
-no audio seconds (speech detection, speakers).
+from the rate of audio seconds transcribed over the last 30 s, shown during transcription only: the other
+stages report no audio seconds (:class:`RemainingColumn`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ STAGE_LABELS: Mapping[str, str] = {s: s.replace("_", " ") for s in STAGES}
 """What the display calls each pipeline stage (``speech_detection`` -> ``speech detection``)."""
 LOADING = "loading model"
 """The label before the pipeline's first stage, while the CLI loads the engine."""
+ESTIMATED_STAGE = "transcription"
+"""The stage whose events advance the audio seconds (segment ends): the only one with an estimate of the
+time left."""
 FULL_BEFORE_FINISHED = 0.999
 """The most of the bar that segments fill: the speaker stage still runs after the last one (as the worker's
 job progress stops short of 1 until the job is done)."""
@@ -63,6 +66,17 @@ class AudioSecondsColumn(ProgressColumn):
         return Text(f"{task.completed:.0f}/{total} s audio")
 
 
+class RemainingColumn(TimeRemainingColumn):
+    """rich's estimate of the time left, from the rate of audio seconds done, shown only in the stage that
+    advances them (transcription): the stages around it report no seconds, so any figure there would be a
+    guess (``-:--:--``)."""
+
+    def render(self, task: Task) -> Text:
+        if not task.fields.get("estimating", False) and not task.finished:
+            return Text("-:--:--", style="progress.remaining")
+        return super().render(task)
+
+
 class TranscribeProgress:
     """An ``on_event(kind, payload)`` (:data:`transcription.progress.EventFn`) that draws one line on
     ``stream``: stage, bar, audio seconds done/total, elapsed, estimate of what is left.
@@ -80,8 +94,8 @@ class TranscribeProgress:
     def __init__(self, stream: IO[str], duration: float | None = None) -> None:
         self.progress = _progress(stream, TextColumn("{task.description:<17}"), BarColumn(), AudioSecondsColumn(),
                                   TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("left"),
-                                  TimeRemainingColumn())
-        self.task = self.progress.add_task(LOADING, total=duration)
+                                  RemainingColumn())
+        self.task = self.progress.add_task(LOADING, total=duration, estimating=False)
         self.lock = threading.Lock()
         self.finished = False
 
@@ -97,7 +111,8 @@ class TranscribeProgress:
     def __call__(self, kind: str, payload: dict[str, Any]) -> None:
         with self.lock:
             if kind == "stage":
-                self.progress.update(self.task, description=STAGE_LABELS.get(payload["stage"], payload["stage"]))
+                self.progress.update(self.task, description=STAGE_LABELS.get(payload["stage"], payload["stage"]),
+                                     estimating=payload["stage"] == ESTIMATED_STAGE)
             elif kind == "queued":
                 self.progress.update(self.task, total=float(payload["duration"]))
             elif kind == "segment" and payload.get("end") is not None:
@@ -114,7 +129,8 @@ class TranscribeProgress:
 
 class EvalProgress:
     """``diarist eval``'s display: items done of the total, elapsed, estimate of what is left, and the
-    running figures (pooled WER, cpWER, DER, RTF so far: :func:`cli.commands.eval.running_figures`); each item's line is printed above it.
+    running figures (pooled WER, cpWER, DER, RTF so far: :func:`cli.commands.eval.running_figures`); each
+    item's line is printed above it.
 
     Use as a context manager; call :meth:`start` with the number of items, then :meth:`item` per item.
     """

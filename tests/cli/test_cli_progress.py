@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from cli.progress import EvalProgress, TranscribeProgress, shows_progress
+from cli.progress import EvalProgress, RemainingColumn, TranscribeProgress, shows_progress
 from tests.conftest import data_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,6 +118,7 @@ def test_transcribe_progress_follows_the_events():
         p("segment", {"start": 40.0, "end": 98.0, "text": "c"})
         assert task.completed < 98.0 and not task.finished  # the speakers stage is still to come
         p("stage", {"stage": "speakers"})
+        assert RemainingColumn().render(task).plain == "-:--:--"  # no audio seconds here: no estimate
         p("finished", {"finish_reason": "stop", "metrics": {}})
         assert task.completed == 98.0 and task.description == "done"
     text = ANSI.sub("", term.getvalue())
