@@ -13,6 +13,7 @@ stages report no audio seconds (:class:`RemainingColumn`).
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Mapping
@@ -63,7 +64,8 @@ class AudioSecondsColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         total = "?" if task.total is None else f"{task.total:.0f}"
-        return Text(f"{task.completed:.0f}/{total} s audio")
+        done = task.total if task.finished else math.floor(task.completed)  # never "131/131" before the end
+        return Text(f"{done:.0f}/{total} s audio")
 
 
 class RemainingColumn(TimeRemainingColumn):
