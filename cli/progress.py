@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import IO, Any, Self
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -52,11 +52,11 @@ def shows_progress(quiet: bool, stream: IO[str] | None = None) -> bool:
     return not quiet and hasattr(stream, "isatty") and stream.isatty()
 
 
-def _progress(stream: IO[str], *columns: str | ProgressColumn) -> Progress:
+def _progress(stream: IO[str], *columns: str | ProgressColumn, cls: type[Progress] = Progress) -> Progress:
     # What is written to stderr while the display runs (an error line, a library's warning) is printed above
     # it by rich; stdout is left alone, so it stays byte for byte what it is without the display.
     console = Console(file=stream, force_terminal=True, highlight=False)
-    return Progress(*columns, console=console, redirect_stdout=False, redirect_stderr=True)
+    return cls(*columns, console=console, redirect_stdout=False, redirect_stderr=True)
 
 
 class AudioSecondsColumn(ProgressColumn):
@@ -129,19 +129,31 @@ class TranscribeProgress:
                 self.progress.update(self.task, description="done", completed=task.total or task.completed)
 
 
+class _FiguresBelow(Progress):
+    """A progress display with one more line under the bar: ``figures`` (rich's documented way to add to
+    the display is overriding ``get_renderables``)."""
+
+    figures = ""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.figures:
+            yield Text(self.figures)
+
+
 class EvalProgress:
-    """``diarist eval``'s display: items done of the total, elapsed, estimate of what is left, and the
-    running figures (pooled WER, cpWER, DER, RTF so far: :func:`cli.commands.eval.running_figures`); each
-    item's line is printed above it.
+    """``diarist eval``'s display: items done of the total, elapsed, estimate of what is left, and under it
+    the running figures (pooled WER, cpWER, DER, RTF so far: :func:`cli.commands.eval.running_figures`);
+    each item's line is printed above both.
 
     Use as a context manager; call :meth:`start` with the number of items, then :meth:`item` per item.
     """
 
     def __init__(self, stream: IO[str]) -> None:
-        self.progress = _progress(stream, TextColumn("eval"), BarColumn(), MofNCompleteColumn(),
-                                  TextColumn("items"), TimeElapsedColumn(), TextColumn("left"),
-                                  TimeRemainingColumn(), TextColumn("{task.fields[figures]}"))
-        self.task = self.progress.add_task("eval", total=None, figures="")
+        self.progress = _progress(stream, TextColumn("eval"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                                  TextColumn("items elapsed"), TimeElapsedColumn(), TextColumn("left"),
+                                  TimeRemainingColumn(), cls=_FiguresBelow)
+        self.task = self.progress.add_task("eval", total=None)
 
     def __enter__(self) -> Self:
         self.progress.start()
@@ -155,6 +167,7 @@ class EvalProgress:
         self.progress.update(self.task, total=n_items)
 
     def item(self, line: str, figures: str) -> None:
-        """One more item is done: ``line`` goes above the bar, ``figures`` replace the running figures."""
+        """One more item is done: ``line`` goes above the display, ``figures`` replace the running figures."""
         self.progress.console.print(line, markup=False)
-        self.progress.update(self.task, advance=1, figures=figures)
+        self.progress.figures = f"so far: {figures}"
+        self.progress.update(self.task, advance=1)
