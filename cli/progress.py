@@ -30,6 +30,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 from diarist.contract.events import STAGES
@@ -53,10 +54,15 @@ def shows_progress(quiet: bool, stream: IO[str] | None = None) -> bool:
 
 
 def _progress(stream: IO[str], *columns: str | ProgressColumn, cls: type[Progress] = Progress) -> Progress:
+    # The bar takes the width the other columns leave (_bar), so a terminal of 80 columns shows every figure.
     # What is written to stderr while the display runs (an error line, a library's warning) is printed above
     # it by rich; stdout is left alone, so it stays byte for byte what it is without the display.
     console = Console(file=stream, force_terminal=True, highlight=False)
-    return cls(*columns, console=console, redirect_stdout=False, redirect_stderr=True)
+    return cls(*columns, console=console, redirect_stdout=False, redirect_stderr=True, expand=True)
+
+
+def _bar() -> BarColumn:
+    return BarColumn(bar_width=None, table_column=Column(ratio=1))
 
 
 class AudioSecondsColumn(ProgressColumn):
@@ -65,7 +71,7 @@ class AudioSecondsColumn(ProgressColumn):
     def render(self, task: Task) -> Text:
         total = "?" if task.total is None else f"{task.total:.0f}"
         done = task.total if task.finished else math.floor(task.completed)  # never "131/131" before the end
-        return Text(f"{done:.0f}/{total} s audio")
+        return Text(f"{done:>{len(total)}.0f}/{total} s audio")  # a steady width: the bar does not jump
 
 
 class RemainingColumn(TimeRemainingColumn):
@@ -94,7 +100,7 @@ class TranscribeProgress:
     """
 
     def __init__(self, stream: IO[str], duration: float | None = None) -> None:
-        self.progress = _progress(stream, TextColumn("{task.description:<17}"), BarColumn(), AudioSecondsColumn(),
+        self.progress = _progress(stream, TextColumn("{task.description:<16}"), _bar(), AudioSecondsColumn(),
                                   TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("left"),
                                   RemainingColumn())
         self.task = self.progress.add_task(LOADING, total=duration, estimating=False)
@@ -150,7 +156,7 @@ class EvalProgress:
     """
 
     def __init__(self, stream: IO[str]) -> None:
-        self.progress = _progress(stream, TextColumn("eval"), BarColumn(bar_width=30), MofNCompleteColumn(),
+        self.progress = _progress(stream, TextColumn("eval"), _bar(), MofNCompleteColumn(),
                                   TextColumn("items elapsed"), TimeElapsedColumn(), TextColumn("left"),
                                   TimeRemainingColumn(), cls=_FiguresBelow)
         self.task = self.progress.add_task("eval", total=None)

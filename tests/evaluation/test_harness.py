@@ -392,7 +392,7 @@ def test_text_errors_count_the_reference_words_lost():
 # --- the progress display ---------------------------------------------------------------------------------
 
 
-def _eval_streams(synthetic, monkeypatch, tty: bool, *extra: str) -> tuple[str, str]:
+def _eval_streams(monkeypatch, tty: bool, argv: list[str], transcribe_fn=None) -> tuple[str, str]:
     import io
     import sys
 
@@ -405,18 +405,22 @@ def _eval_streams(synthetic, monkeypatch, tty: bool, *extra: str) -> tuple[str, 
     monkeypatch.setattr(sys, "stderr", err)
     parser = argparse.ArgumentParser(prog="diarist")
     eval_cmd.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["eval", str(synthetic), *extra])
-    assert args.func(args, transcribe_fn=perturbed) == 0
+    args = parser.parse_args(["eval", *argv])
+    assert args.func(args, transcribe_fn=transcribe_fn) == 0
     monkeypatch.undo()
     return out.getvalue(), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
 
 
-def test_cli_progress_shows_items_and_running_figures_on_a_terminal_only(synthetic, monkeypatch):
-    out_tty, err_tty = _eval_streams(synthetic, monkeypatch, True)
-    out_pipe, err_pipe = _eval_streams(synthetic, monkeypatch, False)
-    out_quiet, err_quiet = _eval_streams(synthetic, monkeypatch, True, "--quiet")
+def test_cli_progress_shows_items_and_running_figures_on_a_terminal_only(synthetic, monkeypatch, tmp_path):
+    saved = str(tmp_path / "hyps")
+    _eval_streams(monkeypatch, False, [str(synthetic), "--save-hyp", saved], perturbed)
+    # replayed results: the same figures every run (a measured RTF would differ between the runs compared)
+    replay = [str(synthetic), "--hyp-dir", saved]
+    out_tty, err_tty = _eval_streams(monkeypatch, True, replay)
+    out_pipe, err_pipe = _eval_streams(monkeypatch, False, replay)
+    out_quiet, err_quiet = _eval_streams(monkeypatch, True, [*replay, "--quiet"])
     assert out_tty == out_pipe == out_quiet and "overall:" in out_pipe  # the table is the same every time
-    assert "2/2 items" in err_tty and re.search(r"WER \d+\.\d% cpWER \d+\.\d% DER\(c0\.25\) \d+\.\d%", err_tty)
+    assert "2/2 items" in err_tty and re.search(r"so far: WER \d+\.\d% cpWER \d+\.\d% DER\(c0\.25\) \d+\.\d%", err_tty)
     assert "  meet/m.wav: rtf" in err_tty and "  meet/m.wav: rtf" in err_pipe  # the item lines, either way
     assert "items" not in err_pipe and "WER" not in err_pipe  # no progress line off a terminal
     assert err_quiet == ""
