@@ -20,6 +20,7 @@ from pydantic import (
 
 from diarist.contract.options import MAX_SPEAKERS, MAX_TEMPERATURE, OPTION_FIELDS, TASKS, check_hints
 from diarist.contract.result import EngineMetrics
+from diarist.formats import SUPPORTED_FORMATS
 from diarist.models import Job
 from diarist.redact import display_url, redact_text
 from diarist.voice_profiles import MAX_PROFILE_IDS
@@ -34,7 +35,7 @@ def served_progress(progress: float) -> float:
     return round(progress, PROGRESS_DECIMALS)
 
 Status = Literal["queued", "processing", "completed", "failed", "canceled"]
-TranscriptFormat = Literal["json", "txt", "text", "srt", "vtt", "rttm", "verbose_json", "diarized_json"]
+TranscriptFormat = Literal[SUPPORTED_FORMATS]  # type: ignore[valid-type] - diarist.formats' one list
 
 
 class JobOptions(BaseModel):

@@ -1,7 +1,7 @@
-"""Live job events (status, progress, text deltas, segments) from workers to SSE clients.
+"""Live job events (status, stage, progress, text deltas, segments) from workers to SSE clients.
 
-An event is a JSON-able dict with a ``type`` (``status``, ``progress``, ``delta``, ``segment``) and its
-fields. Delivery is best effort: a client that subscribes late misses earlier deltas, which is why every
+An event is a JSON-able dict with a ``type`` (``status``, ``stage``, ``progress``, ``delta``, ``segment``)
+and its fields. Delivery is best effort: a client that subscribes late misses earlier deltas, which is why every
 SSE stream starts from the job row and ends with the stored transcript's state. Embedded mode uses an
 in-process bus; production uses Redis pub/sub (channel ``diarist:events:<job id>``).
 """

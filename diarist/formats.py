@@ -10,6 +10,8 @@ Formats (``render(transcript, fmt)`` names, media type, source of the format):
 - ``vtt``: WebVTT (W3C WebVTT, cue text with ``<v S01>`` voice spans), ``text/vtt``.
 - ``rttm``: NIST RTTM, 10 fields ``SPEAKER <file-id> 1 <start> <dur> <NA> <NA> <speaker>
   <NA> <NA>``, one line per segment, ``text/plain``.
+- ``svg``: the speaker timeline (who spoke when: one lane per speaker, segments as bars, overlaps), an
+  SVG 1.1 image drawn by :func:`diarist.speaker_timeline.to_svg`, ``image/svg+xml``.
 - ``verbose_json`` / ``diarized_json``: OpenAI ``/v1/audio/transcriptions`` response
   shapes (see docs/api_conventions.md §1.6).
 
@@ -37,9 +39,8 @@ import re
 from collections.abc import Callable
 
 from diarist.decode_windows import DecodeWindow, window_of
-from diarist.transcript import ResultWarning, Segment, Transcript
-
-UNKNOWN_SPEAKER = "unknown"
+from diarist.speaker_timeline import to_svg
+from diarist.transcript import UNKNOWN_SPEAKER, ResultWarning, Segment, Transcript
 
 
 def to_json(t: Transcript) -> str:
@@ -291,8 +292,13 @@ _FORMATS: dict[str, tuple[Callable[[Transcript], str], str]] = {
     "rttm": (to_rttm, "text/plain; charset=utf-8"),
     "verbose_json": (to_verbose_json, "application/json"),
     "diarized_json": (to_diarized_json, "application/json"),
+    "svg": (to_svg, "image/svg+xml; charset=utf-8"),
 }
 SUPPORTED_FORMATS: tuple[str, ...] = tuple(_FORMATS)
+MEDIA_TYPES: dict[str, str] = {fmt: media_type for fmt, (_fn, media_type) in _FORMATS.items()}
+"""The media type (``Content-Type``) :func:`render` gives each format."""
+"""Every ``render`` format: the one list that the API's ``format`` parameter, the dashboard's download route
+and ``diarist transcribe --format`` accept."""
 
 
 def render(transcript: Transcript, fmt: str, *, file_id: str | None = None) -> tuple[str, str]:

@@ -35,6 +35,9 @@ from diarist.decode_windows import DecodeWindow, read_windows
 from diarist.times import round_seconds
 
 FinishReason = Literal[FINISH_REASONS]  # type: ignore[valid-type] - the contract's one list
+UNKNOWN_SPEAKER = "unknown"
+"""How an output names a speaker that is not known (``speaker`` ``None``) where it must name one: RTTM,
+``diarized_json``, the speaker timeline's lane."""
 
 # Labels that already mean "speaker N" (cluster ids, MOSS-TD tags); any other string
 # (e.g. a channel label) is remembered in ``speaker_names`` when relabelled.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from diarist.contract.errors import CodedError, ProtocolError
-from diarist.contract.events import ErrorLine, ResultLine, from_line, payload
+from diarist.contract.events import ErrorLine, ResultLine, Stage, from_line, payload
 from diarist.contract.options import TranscribeOptions
 from diarist.contract.result import SpeakerEmbedding, TranscriptionResult
 from diarist.logs import current_job_id
@@ -186,6 +186,8 @@ class HttpEngineClient:
                 decode(Frontend.FFMPEG)
             raise
         t0 = time.perf_counter()
+        if on_event is not None:  # the engine server's stream starts after the decode: its stage is told here
+            on_event(Stage.type, payload(Stage("decode")))
         decoded = decode(frontend)
         decode_s = time.perf_counter() - t0
         headers = request_headers(opts, replace(decoded.pcm_format(), frontend=frontend.value), current_job_id())

@@ -76,6 +76,7 @@ def score_item(refs: References, t: Transcript, collars: tuple[float, ...]) -> d
 
 def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tuple[float, ...] = (0.0, 0.25),
              patterns: list[str] | None = None, timing: str = "wall", save_dir: str | Path | None = None,
+             on_start: Callable[[int], None] | None = None,
              on_item: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Transcribe and score every referenced item of ``data_dir``; returns the report dict.
 
@@ -85,7 +86,8 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
     (``"en_ami*"``). ``timing``: ``"wall"`` (measure ``transcribe_fn``) or
     ``"reported"`` (use the result's ``metrics.processing_s``). ``save_dir``: write
     each raw result (:meth:`TranscriptionResult.to_json`) as ``<item id with / -> __>.json`` for later
-    re-scoring.
+    re-scoring. ``on_start(n)`` is called once with the number of items to run, ``on_item(record)`` after
+    each (progress displays).
     Failures (reference, transcription, invalid result) are recorded per item as
     messages. Raises ``FileNotFoundError`` if ``data_dir`` is not a directory.
     """
@@ -95,6 +97,8 @@ def evaluate(data_dir: str | Path, transcribe_fn: TranscribeFn, *, collars: tupl
     found, skipped = discover(data_dir)
     items = [i for i in found if any(fnmatch.fnmatch(i.id, p) for p in patterns)] if patterns else found
     records = []
+    if on_start:
+        on_start(len(items))
     for item in items:
         rec = _run_item(item, transcribe_fn, collars, timing, save_dir)
         records.append(rec)

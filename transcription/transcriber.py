@@ -23,7 +23,7 @@ from transcription.diarization.voices import result_spans, sample_embedding, spe
 from transcription.errors import EngineError, Rejected
 from transcription.limits import MIN_DURATION_S, too_short_message
 from transcription.pipeline import pipeline_class
-from transcription.progress import EventFn
+from transcription.progress import EventFn, begin_stage
 from transcription.result import finish_result, speaker_hint_warnings
 from transcription.speech import cascade_device
 
@@ -122,6 +122,7 @@ class Transcriber:
             audio = source if opts.multichannel or source.samples.shape[0] == 1 else replace(
                 source, samples=downmix(source.samples, self.frontend))
         else:
+            begin_stage(on_event, "decode")
             audio = decode_audio(source, mono=not opts.multichannel, frontend=self.frontend)
         audio_decode_s = time.perf_counter() - t0
         if audio.duration > self.max_duration_s:  # the pipeline's memory bound

@@ -78,6 +78,8 @@ class _Progress:
         bus = self.rt.services.bus
         if kind == "delta":
             bus.publish(self.job_id, {"type": "delta", "text": payload.get("text", "")})
+        elif kind == "stage":
+            bus.publish(self.job_id, {"type": "stage", "stage": payload.get("stage")})
         elif kind == "segment":
             bus.publish(self.job_id, {"type": "segment",
                                       **{k: payload.get(k) for k in ("start", "end", "text", "speaker")}})

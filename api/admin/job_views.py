@@ -14,9 +14,11 @@ from api.admin import listing, queries, timeline
 from api.admin.config import get_admin_settings
 from api.admin.render import SPEAKER_COLORS, page
 from api.admin.session import AdminPage, check_csrf
+from api.schemas import TranscriptFormat
 from diarist import admin_actions, audit
 from diarist.formats import render
 from diarist.models import Job, SpeakerProfile, WebhookDelivery
+from diarist.speaker_timeline import SpeakerTimeline
 from diarist.storage import ObjectNotFound
 from diarist.transcript import Transcript
 
@@ -86,6 +88,7 @@ def _detail(request: Request, job_id: str) -> dict[str, Any] | None:
     speakers = {sp: i % SPEAKER_COLORS for i, sp in enumerate(tr.speakers)} if tr else {}
     return {"job": job, "m": job.metrics, "deliveries": deliveries, "transcript": tr, "transcript_error": tr_error,
             "segments": tr.segments[:PREVIEW_SEGMENTS] if tr else [], "speakers": speakers,
+            "speaker_timeline": SpeakerTimeline.of(tr).to_json() if tr else None,
             "incomplete_reason": _incomplete_reason(job, tr), "cls": queries.class_of(job.queue),
             "owner": queries.key_names(services.db).get(job.owner_key, job.owner_key or "(auth off)"),
             "bar": timeline.bar(timeline.phases(job, job.metrics)), "allowed": admin_actions.allowed(job),
@@ -109,7 +112,7 @@ async def job_detail(request: Request, user: AdminPage, job_id: JobPath,
 
 @router.get("/{job_id}/transcript")
 def transcript(request: Request, user: AdminPage, job_id: JobPath,
-               format: Annotated[str, Query(pattern="^(json|txt|srt|vtt|rttm)$")] = "txt") -> Response:
+               format: Annotated[TranscriptFormat, Query()] = "txt") -> Response:
     """The whole transcript in a format (the public route needs the owner's Bearer key)."""
     with request.app.state.services.db.session() as s:
         job = s.get(Job, job_id)

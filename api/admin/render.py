@@ -12,6 +12,7 @@ from fastapi.templating import Jinja2Templates
 
 from api.admin.queries import as_utc
 from diarist.redact import display_url, redact_text
+from diarist.speaker_timeline import clock
 
 API_DIR = Path(__file__).resolve().parents[1]
 STATIC_DIR = API_DIR / "static" / "admin"
@@ -41,13 +42,6 @@ def fmt_s(v: float | None) -> str:
 
 def fmt_num(v: float | None, digits: int = 2) -> str:
     return "–" if v is None else f"{float(v):.{digits}f}"
-
-
-def clock(ts: float) -> str:
-    """``mm:ss`` of a transcript time in seconds (``h:mm:ss`` past an hour)."""
-    ts = max(0.0, float(ts))
-    h, m, s = int(ts // 3600), int(ts % 3600 // 60), int(ts % 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 templates.env.filters.update(dt=fmt_dt, secs=fmt_s, num=fmt_num, clock=clock, url=display_url,

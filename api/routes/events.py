@@ -1,7 +1,8 @@
 """``GET /v1/jobs/{id}/events``: Server-Sent Events with the job's status, progress, text deltas, segments.
 
-Events (``event:`` name, JSON ``data``): ``status`` {status, progress, error}, ``progress`` {progress},
-``delta`` {text}, ``segment`` {start, end, text}. The stream starts with the current status and ends after
+Events (``event:`` name, JSON ``data``): ``status`` {status, progress, error}, ``stage`` {stage} (the
+pipeline stage that begins: :data:`diarist.contract.events.STAGES`), ``progress`` {progress}, ``delta``
+{text}, ``segment`` {start, end, text}. The stream starts with the current status and ends after
 the final one. Live events come from the event bus; the row is re-read every second so a missed bus
 message (late subscription, Redis hiccup) never leaves a client waiting forever.
 """
@@ -95,7 +96,7 @@ def _bus_events(services: Services, job: Job, sub: Subscription, ticks: bool) ->
 
 
 @router.get("/v1/jobs/{job_id}/events", response_class=EventSourceResponse, responses=ERRORS,
-            summary="Live job events (SSE): status, progress, delta, segment")
+            summary="Live job events (SSE): status, stage, progress, delta, segment")
 def stream_job_events(stream: Annotated[_Stream, Depends(open_stream)]) -> Iterator[ServerSentEvent]:
     for ev in job_events(stream.services, stream.job, stream.sub):
         yield ServerSentEvent(event=ev["type"], data={k: v for k, v in ev.items() if k != "type"})

@@ -17,7 +17,7 @@ from api.forms import read_form
 from api.schemas import ErrorResponse, JobFromUrl, JobList, JobOptions, JobOut, Status, TranscriptFormat
 from api.submit import AudioSource, submit_job
 from diarist import jobs
-from diarist.formats import render
+from diarist.formats import MEDIA_TYPES, render
 from diarist.http.errors import ApiError, describe_errors
 from diarist.models import FINAL_STATES, Job, WebhookDelivery
 from diarist.storage import ObjectNotFound
@@ -109,10 +109,13 @@ def get_job(job_id: JobId, services: ServicesDep, principal: PrincipalDep) -> Jo
     return JobOut.from_row(job, deliveries=n or 0)
 
 
-@router.get("/{job_id}/transcript", responses={200: {"content": {"text/plain": {}, "application/json": {}}},
+FORMAT_HELP = "Output format; svg: the speaker timeline image (who spoke when: one lane per speaker)"
+
+
+@router.get("/{job_id}/transcript", responses={200: {"content": {t.split(";")[0]: {} for t in MEDIA_TYPES.values()}},
                                                **ERRORS}, summary="The transcript in a format")
 def get_transcript(job_id: JobId, services: ServicesDep, principal: PrincipalDep,
-                   format: Annotated[TranscriptFormat, Query(description="Output format")] = "json") -> Response:
+                   format: Annotated[TranscriptFormat, Query(description=FORMAT_HELP)] = "json") -> Response:
     job = load_job(services, principal, job_id)
     if job.status != "completed" or not job.transcript_key:
         # a final job without a transcript says so; only a job still on its way is "not ready" (worth polling)

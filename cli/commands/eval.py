@@ -4,6 +4,10 @@ Wire-up for the main CLI: ``add_parser(subparsers)`` registers the subcommand (i
 ``func`` default is :func:`run`); ``main(argv)`` runs it standalone. The metric logic
 is in :mod:`evaluation.harness` and :mod:`evaluation.scoring`.
 
+While it runs, a line per item goes to stderr; when stderr is a terminal, a progress line under them shows the
+items done of the total, elapsed time, an estimate of what is left and the running figures (pooled WER,
+cpWER, DER, RTF so far). ``--quiet`` prints neither. The table on stdout is the same either way.
+
 Exit status: 0 when the run completed (per-item failures are in the report), 2 for
 a usage problem (missing data folder, no transcription pipeline, nothing to score).
 """
@@ -17,12 +21,13 @@ import json
 import shlex
 import subprocess
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from cli.commands import plain
 from diarist.contract.result import TranscriptionResult
-from evaluation.harness import TranscribeFn, evaluate
+from evaluation.harness import TranscribeFn, aggregate, evaluate
 
 DEFAULT_COLLARS = (0.0, 0.25)
 
@@ -54,6 +59,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hyp-dir", default=None,
                    help="score saved engine results (<id with / as __>.json) instead of transcribing")
     p.add_argument("--save-hyp", default=None, help="save each raw engine result in this folder")
+    p.add_argument("--quiet", "-q", action="store_true", help="no per-item lines or progress on stderr")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -111,6 +117,18 @@ def _fmt(value: Any, pct: bool = True) -> str:
     if value is None:
         return "-"
     return f"{100 * value:.1f}" if pct else f"{value:.3f}"
+
+
+def running_figures(overall: dict, collars: tuple[float, ...]) -> str:
+    """The progress line's figures from :func:`evaluation.harness.aggregate` of the items done so far: pooled
+    WER, cpWER, DER at the widest collar, RTF (``-`` for one not scored yet)."""
+    c = max(collars)
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    return (f"WER {pct(overall['wer'])} cpWER {pct(overall['cpwer'])} DER(c{c:g}) {pct(overall[f'der_c{c:g}'])} "
+            f"RTF {_fmt(overall['rtf'], False)}")
 
 
 def format_table(report: dict) -> str:
@@ -190,12 +208,23 @@ def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> 
                 return 2
     collars = tuple(args.collar) if args.collar else DEFAULT_COLLARS
 
-    def progress(rec: dict) -> None:
-        status = rec.get("error") or f"rtf {_fmt(rec.get('rtf'), False)}"
-        print(f"  {rec['id']}: {status}", file=sys.stderr, flush=True)
+    from cli.progress import EvalProgress, shows_progress  # rich: loaded only by the commands that draw
 
-    report = evaluate(data_dir, transcribe_fn, collars=collars, patterns=args.items, timing=timing,
-                      save_dir=args.save_hyp, on_item=progress)
+    quiet = getattr(args, "quiet", False)
+    with ExitStack() as stack:
+        display = stack.enter_context(EvalProgress(sys.stderr)) if shows_progress(quiet) else None
+        done: list[dict] = []
+
+        def progress(rec: dict) -> None:
+            done.append(rec)
+            status = rec.get("error") or f"rtf {_fmt(rec.get('rtf'), False)}"
+            if display is not None:
+                display.item(f"  {rec['id']}: {status}", running_figures(aggregate(done, collars), collars))
+            elif not quiet:
+                print(f"  {rec['id']}: {status}", file=sys.stderr, flush=True)
+
+        report = evaluate(data_dir, transcribe_fn, collars=collars, patterns=args.items, timing=timing,
+                          save_dir=args.save_hyp, on_start=display.start if display else None, on_item=progress)
     if not report["items"]:
         print(f"diarist eval: no items with reference files (.txt/.stm/.rttm beside the audio) in {data_dir}"
               + (f" matching {args.items}" if args.items else ""), file=sys.stderr)

@@ -4,12 +4,17 @@ Bad input (unreadable file, not audio, no audio stream, empty, too long) prints 
 ``diarist: error: <code>: <message>``, and exits with status 2. A transcript that was made but is incomplete
 (e.g. cut at ``--max-new-tokens``) or carries warnings goes to stdout as usual, with one line per warning on
 stderr, ``diarist: warning: <code>: <message>``, and status 0.
+
+When stderr is a terminal, a progress line is drawn on it while the file is transcribed: the stage (decode,
+speech detection, transcription, speakers), audio seconds done of the total, elapsed time and an estimate of
+what is left; ``--quiet`` turns it off. Piped or redirected stderr gets none; stdout is the same either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from typing import Any
 
 from cli.commands import plain
@@ -46,6 +51,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--min-speakers", type=int, default=None)
     p.add_argument("--max-speakers", type=int, default=None)
     p.add_argument("--multichannel", action="store_true", help="one speaker per channel")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress display (it is drawn only when stderr "
+                   "is a terminal)")
     p.set_defaults(func=run)
     return p
 
@@ -80,18 +87,40 @@ def run(args: argparse.Namespace) -> int:
         check_hints(args.num_speakers, args.min_speakers, args.max_speakers)
     except ValueError as e:
         return fail("invalid_request", str(e))
+    from cli.progress import TranscribeProgress, shows_progress
     from diarist.formats import render
-    from diarist.settings import Settings
     from diarist.transcript import Transcript
-    from engine import DeviceUnavailable, Engine
-    from engine.request import RequestRejected
     from transcription.audio import AudioError, probe_duration
-    from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
 
     try:
-        probe_duration(path)  # cheap header check: a non-media file fails before the model loads
+        duration = probe_duration(path)  # cheap header check: a non-media file fails before the model loads
     except AudioError as e:
         return fail(e.code, e.message)
+    with ExitStack() as stack:
+        on_event = None
+        if shows_progress(args.quiet):
+            on_event = stack.enter_context(TranscribeProgress(sys.stderr, duration))
+        made = _transcribe(args, path, on_event)
+    if isinstance(made, int):
+        return made
+    transcript = Transcript.from_engine(made)
+    content, _media = render(transcript, args.format, file_id=path.stem)
+    sys.stdout.write(content if content.endswith("\n") else content + "\n")  # a shell prompt on its own line
+    sys.stdout.flush()
+    for line in notices(transcript):
+        print(line, file=sys.stderr)
+    return 0
+
+
+def _transcribe(args: argparse.Namespace, path: Any, on_event: Any) -> Any:
+    """The engine result of ``path`` (a :class:`diarist.contract.result.TranscriptionResult`), or the exit
+    status after the error line was printed."""
+    from diarist.settings import Settings
+    from engine import DeviceUnavailable, Engine
+    from engine.request import RequestRejected
+    from transcription.audio import AudioError
+    from transcription.transcriber import EngineError, TranscribeOptions, Transcriber
+
     dummy = dummy_config(args.dummy_config, args.model, args.load_format)  # BadOption: the CLI's one line, exit 2
     st = Settings()  # before the try: InvalidSettings is a ValueError, but its code is invalid_setting
     try:
@@ -107,19 +136,12 @@ def run(args: argparse.Namespace) -> int:
                              min_speakers=args.min_speakers, max_speakers=args.max_speakers,
                              multichannel=args.multichannel, max_new_tokens=args.max_new_tokens)
     try:
-        result = Transcriber(engine).transcribe(str(path), opts)
+        return Transcriber(engine).transcribe(str(path), opts, on_event=on_event)
     except (AudioError, RequestRejected) as e:
         return fail(e.code, e.message)
     except EngineError as e:
         print(f"diarist: error: engine_error: {e}", file=sys.stderr)
         return 1
-    transcript = Transcript.from_engine(result)
-    content, _media = render(transcript, args.format, file_id=path.stem)
-    sys.stdout.write(content if content.endswith("\n") else content + "\n")  # a shell prompt on its own line
-    sys.stdout.flush()
-    for line in notices(transcript):
-        print(line, file=sys.stderr)
-    return 0
 
 
 def notices(transcript: Any) -> list[str]:

@@ -9,6 +9,8 @@ client reads each line back with :func:`from_line`, which checks it, so a malfor
 =========== =========================== ========================================================
 type        fields                      when
 =========== =========================== ========================================================
+stage       stage                       a stage of the pipeline begins (:data:`STAGES`; a family
+                                        skips those it has not, e.g. MOSS-TD has no ``speakers``)
 queued      duration (s)                the audio is decoded, before any engine work
 started     (none)                      the first text is about to stream
 delta       text                        new transcript text (coalesced; in time order)
@@ -42,6 +44,19 @@ def _f(kind: str, nullable: bool = False, default: Any = ...) -> Any:
     """A field whose JSON value is ``kind`` (``null`` too when ``nullable``)."""
     meta = {"kind": kind, "nullable": nullable}
     return field(metadata=meta) if default is ... else field(default=default, metadata=meta)
+
+
+STAGES = ("decode", "speech_detection", "transcription", "speakers")
+"""The pipeline's stages in the order they run: the file is decoded to PCM, speech is detected (silero-vad),
+the model transcribes, the speaker cascade labels the segments (Whisper with diarization)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage of the pipeline begins (one of :data:`STAGES`); it lasts until the next stage or ``finished``."""
+
+    type: ClassVar[str] = "stage"
+    stage: str = _f(_STR)
 
 
 @dataclass(frozen=True)
@@ -111,11 +126,12 @@ class ErrorLine:
         return cls(error.code, error.message)
 
 
-Event = Queued | Started | Delta | SegmentDone | Finished
+Event = Stage | Queued | Started | Delta | SegmentDone | Finished
 """A progress event (what ``on_event`` receives)."""
 Line = Event | ResultLine | ErrorLine
 """Any line of the engine server's stream."""
-_TYPES: dict[str, type] = {c.type: c for c in (Queued, Started, Delta, SegmentDone, Finished, ResultLine, ErrorLine)}
+_TYPES: dict[str, type] = {c.type: c for c in (Stage, Queued, Started, Delta, SegmentDone, Finished, ResultLine,
+                                                ErrorLine)}
 
 
 def payload(line: Line) -> dict[str, Any]:
@@ -141,8 +157,8 @@ def make(kind: str, values: dict[str, Any]) -> Line:
     """The typed line of ``kind`` from its fields (extra fields ignored), checked as :func:`from_line` does.
 
     Raises:
-        ProtocolError: an unknown kind, a missing field or one of the wrong type, a finish reason that is not
-            one of :data:`~diarist.contract.result.FINISH_REASONS`, or a result of the wrong shape.
+        ProtocolError: an unknown kind, a missing field or one of the wrong type, a stage not in :data:`STAGES`, a
+            finish reason that is not one of :data:`~diarist.contract.result.FINISH_REASONS`, or a result of the wrong shape.
     """
     cls = _TYPES.get(kind)
     if cls is None:
@@ -157,6 +173,8 @@ def make(kind: str, values: dict[str, Any]) -> Line:
         if not _is(v, f.metadata["kind"], f.metadata["nullable"]):
             raise ProtocolError(f"{kind} event: {f.name} must be {f.metadata['kind']}, not {v!r}")
         args[f.name] = v
+    if kind == "stage" and args["stage"] not in STAGES:
+        raise ProtocolError(f"stage event: unknown stage {args['stage']!r} (known: {', '.join(STAGES)})")
     if kind == "finished" and args["finish_reason"] not in FINISH_REASONS:
         raise ProtocolError(f"finished event: unknown finish_reason {args['finish_reason']!r}")
     if kind == "result":

@@ -189,3 +189,95 @@ def test_admin_sees_overview_job_transcript_and_cancels_a_queued_job(browser_pag
         assert s.get(Job, site["queued"]).status == "canceled"
     page.screenshot(path=str(ARTIFACTS / "job_canceled.png"), full_page=True)
     assert not errors, errors
+
+
+def screenshot_ink(page, selector: str, colors: list[str]) -> list[int]:
+    """Pixels of a screenshot of ``selector`` close to each of ``colors`` (``#rrggbb``; bars are drawn at 85 %
+    opacity on a light lane, hence the tolerance). The PNG is decoded by the browser itself (no imaging
+    package in the test environment)."""
+    import base64
+
+    png = base64.b64encode(page.locator(selector).screenshot()).decode()
+    rgbs = [[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in colors]
+    return page.evaluate("""async ([b64, rgbs]) => {
+        const img = new Image();
+        img.src = 'data:image/png;base64,' + b64;
+        await img.decode();
+        const c = document.createElement('canvas');
+        c.width = img.width; c.height = img.height;
+        const g = c.getContext('2d');
+        g.drawImage(img, 0, 0);
+        const d = g.getImageData(0, 0, c.width, c.height).data;
+        return rgbs.map(rgb => {
+            let n = 0;
+            for (let i = 0; i < d.length; i += 4)
+                if (Math.abs(d[i] - rgb[0]) < 40 && Math.abs(d[i + 1] - rgb[1]) < 40 && Math.abs(d[i + 2] - rgb[2]) < 40) n++;
+            return n;
+        });
+    }""", [png, rgbs])
+
+
+def _long_meeting_job(svc) -> str:
+    """A completed 90-minute job of four speakers, 1000 segments and overlapping turns, stored as the worker
+    stores transcripts (made here: transcribing 90 minutes on the CPU is not a unit test)."""
+    from diarist.transcript import Transcript
+
+    segments, turns = [], []
+    for i in range(1000):
+        start = i * 5.4
+        segments.append({"speaker": i % 4, "start": start, "end": start + 4.6, "text": f"segment number {i} says this"})
+        turns.append({"speaker": i % 4, "start": start, "end": start + 5.9})  # 0.5 s of overlap with the next
+    t = Transcript.from_engine_json({"duration": 5400.0, "language": "en", "model": "tiny.en", "segments": segments,
+                                     "turns": turns, "metrics": {}, "finish_reason": "stop"})
+    job = Job(status="completed", queue="transcribe.long", duration_s=5400.0, filename="board-meeting.mp3",
+              created_at=datetime.now(UTC) - timedelta(hours=1), started_at=datetime.now(UTC) - timedelta(minutes=50),
+              finished_at=datetime.now(UTC) - timedelta(minutes=5), progress=1.0, num_speakers=4)
+    with svc.db.session() as s:
+        s.add(job)
+        s.flush()
+        job.transcript_key = f"transcripts/{job.id}.json"
+        job_id = job.id
+    svc.store.put_bytes(f"transcripts/{job_id}.json", t.model_dump_json().encode())
+    return job_id
+
+
+def test_speaker_timeline_draws_lanes_zooms_and_shows_a_bar_text(browser_page, site):
+    from diarist.speaker_timeline import OVERLAP_COLOR, PALETTE
+
+    page, errors = browser_page
+    page.context.clear_cookies()
+    errors.clear()
+    assert login(page, site, site["admin"]).status == 303
+
+    # the demo phone call: two speakers, two lanes with ink in their colours
+    page.goto(site["url"] + f"/admin/jobs/{site['done']}")
+    page.wait_for_selector("#speaker-timeline rect.spk-bar")
+    lanes = "() => [...document.querySelectorAll('#speaker-timeline text.spk-lane')].map(t => t.firstChild.nodeValue)"
+    assert page.evaluate(lanes) == ["S01", "S02", "overlap"]
+    ink = screenshot_ink(page, "#speaker-timeline", list(PALETTE[:2]))
+    assert min(ink) > 200, ink
+    page.locator("#speakers-card").screenshot(path=str(ARTIFACTS / "speakers_demo.png"))
+
+    # 90 minutes, 1000 segments: every lane drawn, overlaps shown, zoom and click work
+    job_id = _long_meeting_job(site["svc"])
+    page.goto(site["url"] + f"/admin/jobs/{job_id}")
+    page.wait_for_selector("#speaker-timeline rect.spk-bar")
+    assert page.locator("#speaker-timeline rect.spk-bar").count() == 1000
+    page.locator("#speakers-card").screenshot(path=str(ARTIFACTS / "speakers_90min.png"))
+    shown = "() => [...document.querySelectorAll('#speaker-timeline rect.spk-bar')].filter(r => !r.hasAttribute('display')).map(r => +r.dataset.i)"
+    assert len(page.evaluate(shown)) == 1000
+    for _ in range(6):  # 90 min / 2^6: about 84 s across the plot
+        page.click("#spk-zoom-in")
+    page.wait_for_function("() => document.getElementById('spk-view').textContent.startsWith('44:')")
+    visible = page.evaluate(shown)
+    assert 5 <= len(visible) <= 40, len(visible)  # a bar every 5.4 s
+    # zoomed in, bars are many pixels wide (at 90 minutes across, one is about a pixel and antialiased)
+    ink = screenshot_ink(page, "#speaker-timeline", [*PALETTE[:4], OVERLAP_COLOR])
+    assert min(ink) > 200, ink
+    page.locator(f"#speaker-timeline rect.spk-bar[data-i='{visible[2]}']").click()
+    assert f"segment number {visible[2]} says this" in page.inner_text("#spk-detail")
+    page.locator("#speakers-card").screenshot(path=str(ARTIFACTS / "speakers_90min_zoomed.png"))
+    page.click("#spk-fit")
+    page.wait_for_function("() => document.getElementById('spk-view').textContent.startsWith('00:00–1:30:00')")
+    assert len(page.evaluate(shown)) == 1000
+    assert not errors, errors

@@ -68,3 +68,24 @@ def test_revoked_key_is_refused(app_with, stack):
     assert c.get("/v1/jobs", headers=bearer(k)).status_code == 200
     assert revoke_key(stack.services.db, k.id)
     assert c.get("/v1/jobs", headers=bearer(k)).status_code == 401
+
+
+def test_the_speaker_timeline_image_follows_the_tenant_rules_of_every_format(app_with, keys, wait_job):
+    """``format=svg`` is the owner's (and an admin's) like every transcript format; another key gets 404."""
+    import xml.etree.ElementTree as ET
+
+    c = app_with(auth=True)
+    wav = data_file("en_jfk_inaugural/jfk.flac").read_bytes()
+    job_id = c.post("/v1/jobs", files={"file": ("jfk.flac", wav)}, headers=bearer(keys["alice"])).json()["id"]
+    r = c.get(f"/v1/jobs/{job_id}/transcript?format=svg", headers=bearer(keys["alice"]))
+    assert r.status_code == 409 or r.headers["content-type"].startswith("image/svg+xml")  # not ready yet, or done
+    assert wait_job(c, job_id, headers=bearer(keys["alice"]))["status"] == "completed"
+    for who in ("alice", "root"):
+        r = c.get(f"/v1/jobs/{job_id}/transcript?format=svg", headers=bearer(keys[who]))
+        assert r.status_code == 200 and r.headers["content-type"] == "image/svg+xml; charset=utf-8", who
+        root = ET.fromstring(r.text)
+        assert "S01" in [e.text for e in root.iter("{http://www.w3.org/2000/svg}text")]
+    r = c.get(f"/v1/jobs/{job_id}/transcript?format=svg", headers=bearer(keys["bob"]))
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = c.get(f"/v1/jobs/{job_id}/transcript?format=png", headers=bearer(keys["alice"]))
+    assert r.status_code == 422  # one list of formats (diarist.formats.SUPPORTED_FORMATS); png is not in it

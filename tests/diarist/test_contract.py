@@ -16,6 +16,7 @@ from diarist.contract.events import (
     Queued,
     ResultLine,
     SegmentDone,
+    Stage,
     Started,
     from_line,
     make,
@@ -33,7 +34,7 @@ def _result(**over) -> dict:
 
 
 def test_every_line_type_round_trips_through_its_json_line():
-    lines = [Queued(12.5), Started(), Delta("hello "), SegmentDone(1.0, None, "hello", "S01"),
+    lines = [Stage("decode"), Queued(12.5), Started(), Delta("hello "), SegmentDone(1.0, None, "hello", "S01"),
              Finished("length", {"decode_s": 0.5, "output_tokens": 7}), ResultLine(TranscriptionResult.from_json(_result())),
              ErrorLine("too_long", "the audio lasts 9000 s")]
     for line in lines:
@@ -53,6 +54,7 @@ def test_every_line_type_round_trips_through_its_json_line():
     ('{"type": "segment", "start": "1.0", "end": 2, "text": "x"}', "start must be a number"),
     ('{"type": "segment", "start": 1, "end": 2, "text": "x", "speaker": true}', "speaker must be a label"),
     ('{"type": "finished", "finish_reason": "done", "metrics": {}}', "unknown finish_reason 'done'"),
+    ('{"type": "stage", "stage": "warmup"}', "unknown stage 'warmup'"),
     ('{"type": "result", "result": {"duration": 1}}', "finish_reason must be one of"),
     ('{"type": "result", "result": []}', "result event: result must be an object"),
     ('{"type": "error", "code": "x"}', "without its 'message'"),

@@ -23,7 +23,7 @@ from diarist.transcript import Transcript
 
 GOLDEN = Path(__file__).parent / "golden"
 EXT = {"json": "json", "txt": "txt", "text": "text.txt", "srt": "srt", "vtt": "vtt", "rttm": "rttm",
-       "verbose_json": "verbose.json", "diarized_json": "diarized.json"}
+       "verbose_json": "verbose.json", "diarized_json": "diarized.json", "svg": "svg"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,8 @@ def test_matches_golden_file(t, fmt):
     if os.environ.get("DIARIST_UPDATE_GOLDEN"):
         path.write_text(body, encoding="utf-8")
     assert body == path.read_text(encoding="utf-8")
-    assert media_type.split(";")[0] in {"application/json", "text/plain", "application/x-subrip", "text/vtt"}
+    assert media_type.split(";")[0] in {"application/json", "text/plain", "application/x-subrip", "text/vtt",
+                                        "image/svg+xml"}
 
 
 def test_unknown_format_lists_supported_ones(t):

@@ -76,7 +76,8 @@ def test_the_client_hands_checked_events_to_its_caller_and_returns_the_result(st
     options = TranscribeOptions.from_json({"language": "en", "model": "m", "webhook_url": "http://x"},
                                           admission_class="short")  # as the worker reads a job's options
     out = HttpEngineClient(url).transcribe(audio, options, on_event=lambda k, p: events.append((k, p)))
-    assert events == [("queued", {"duration": 0.5}), ("started", {}), ("delta", {"text": "hello"}),
+    assert events == [("stage", {"stage": "decode"}),  # the worker's own decode, before the engine's stream
+                      ("queued", {"duration": 0.5}), ("started", {}), ("delta", {"text": "hello"}),
                       ("segment", {"start": 0.0, "end": None, "text": "hello", "speaker": "S01"})]
     assert out.to_json()["segments"] == engine_result()["segments"] and out.pipeline_metrics["worker_decode_s"] >= 0
     assert json.loads(seen[0]["headers"][OPTIONS_HEADER]) == {"language": "en"}

@@ -6,6 +6,7 @@ values computed by hand in the comments.
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -432,3 +433,45 @@ def test_text_errors_count_the_reference_words_lost():
     # jiwer aligns "one four" to "one two three four": two deletions, nothing substituted or inserted
     assert (out["wer_deletions"], out["wer_errors"], out["ref_words"]) == (2, 2, 4)
     assert text_errors("你好世界", "你好")["wer_deletions"] is None  # characters, no word alignment
+
+
+# --- the progress display ---------------------------------------------------------------------------------
+
+
+def _eval_streams(monkeypatch, tty: bool, argv: list[str], transcribe_fn=None) -> tuple[str, str]:
+    import io
+    import sys
+
+    class Stream(io.StringIO):
+        def isatty(self) -> bool:
+            return tty
+
+    out, err = io.StringIO(), Stream()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    parser = argparse.ArgumentParser(prog="diarist")
+    eval_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["eval", *argv])
+    assert args.func(args, transcribe_fn=transcribe_fn) == 0
+    monkeypatch.undo()
+    return out.getvalue(), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err.getvalue())
+
+
+def test_cli_progress_shows_items_and_running_figures_on_a_terminal_only(synthetic, monkeypatch, tmp_path):
+    saved = str(tmp_path / "hyps")
+    _eval_streams(monkeypatch, False, [str(synthetic), "--save-hyp", saved], perturbed)
+    # replayed results: the same figures every run (a measured RTF would differ between the runs compared)
+    replay = [str(synthetic), "--hyp-dir", saved]
+    out_tty, err_tty = _eval_streams(monkeypatch, True, replay)
+    out_pipe, err_pipe = _eval_streams(monkeypatch, False, replay)
+    out_quiet, err_quiet = _eval_streams(monkeypatch, True, [*replay, "--quiet"])
+    assert out_tty == out_pipe == out_quiet and "overall:" in out_pipe  # the table is the same every time
+    assert "2/2 items" in err_tty and re.search(r"so far: WER \d+\.\d% cpWER \d+\.\d% DER\(c0\.25\) \d+\.\d%", err_tty)
+    assert "  meet/m.wav: rtf" in err_tty and "  meet/m.wav: rtf" in err_pipe  # the item lines, either way
+    assert "items" not in err_pipe and "WER" not in err_pipe  # no progress line off a terminal
+    assert err_quiet == ""
+
+
+def test_running_figures_are_the_pooled_ones_so_far():
+    overall = {"wer": 0.125, "cpwer": None, "der_c0.25": 0.05, "rtf": 0.2}
+    assert eval_cmd.running_figures(overall, (0.0, 0.25)) == "WER 12.5% cpWER - DER(c0.25) 5.0% RTF 0.200"

@@ -140,3 +140,17 @@ def test_english_only_model_refuses_other_languages(tr, whisper_engine):
     assert whisper_engine.counters["steps"] == steps
     r = tr.transcribe(data_file("en_short_yes/yes_1000ms.wav"), TranscribeOptions(language="EN"))
     assert r.language == "en"
+
+
+def test_stages_are_announced_in_order_before_their_work(tr):
+    """``stage`` events name each stage as it begins (decode, speech detection, transcription, speakers), in
+    the pipeline's order, each once; the duration (``queued``) comes after the decode and before the engine."""
+    from diarist.contract.events import STAGES
+
+    events: list[tuple[str, dict]] = []
+    r = tr.transcribe(data_file("en_jfk_inaugural/jfk.flac"), on_event=lambda k, p: events.append((k, p)))
+    kinds = [k for k, _ in events]
+    assert [p["stage"] for k, p in events if k == "stage"] == list(STAGES)
+    assert kinds.index("queued") == 1 and kinds[0] == "stage"
+    assert kinds.index("segment") > kinds.index("stage", 3)  # segments stream during transcription
+    assert kinds[-1] == "finished" and r.segments

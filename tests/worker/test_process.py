@@ -201,3 +201,30 @@ def test_storage_down_after_the_engine_is_waited_out_and_the_job_completes_once(
 def test_a_row_without_audio_fails_audio_missing(rt, make_job):
     job_id = make_job(audio_key=None)
     assert (process_job(rt, job_id).state, row(rt.services, job_id).error_code) == ("failed", "audio_missing")
+
+
+def test_stage_events_reach_the_job_event_stream(rt, make_job):
+    """The pipeline's ``stage`` events go to the bus (SSE ``stage``) in order, beside the segments."""
+    from diarist.contract.events import STAGES
+    from tests.worker.fakes import ResultEngine
+
+    class StagedEngine(ResultEngine):
+        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+            for stage in STAGES:
+                on_event("stage", {"stage": stage})
+            return super().transcribe(audio, options, on_event, cancel, admission_class)
+
+    rt.engine = StagedEngine()
+    rt.services.store.put_file("jobs/st/audio", io.BytesIO(wav_bytes()))
+    job_id = make_job(audio_key="jobs/st/audio")
+    sub = rt.services.bus.subscribe(job_id)
+    try:
+        assert process_job(rt, job_id).state == "completed"
+        events = []
+        while (ev := sub.get(timeout=0.2)) is not None:
+            events.append(ev)
+    finally:
+        sub.close()
+    assert [ev["stage"] for ev in events if ev["type"] == "stage"] == list(STAGES)
+    kinds = [ev["type"] for ev in events]
+    assert kinds.index("stage") < kinds.index("segment")

@@ -27,7 +27,7 @@ from transcription.moss_td.parser import MossStreamParser
 from transcription.moss_td.resume import resume_after_loops
 from transcription.moss_td.sections import fits, transcribe_sections
 from transcription.moss_td.sequence import build_moss_sequence, clamp_segment, moss_guard, moss_result
-from transcription.progress import EventFn
+from transcription.progress import EventFn, begin_stage
 from transcription.speech import cascade_device, detect_speech, speaker_stage
 
 
@@ -193,7 +193,8 @@ class MossTdPipeline:
         """The engine result dict of ``audio``'s mono mix (:func:`transcribe_moss`) with the model, the
         language fields and the detected speech, before :func:`transcription.result.finish_result`."""
         # Coverage compares the transcript with detected speech: the VAD runs beside the engine's decode
-        # (torch and ONNX release the interpreter lock), not after it.
+        # (torch and ONNX release the interpreter lock), not after it; the stage clients see is the model's.
+        begin_stage(on_event, "transcription")
         with ThreadPoolExecutor(1, thread_name_prefix="diarist-vad") as pool:
             t_vad = time.perf_counter()
             segmenter = None if self.speaker_stage is None else self.speaker_stage.segment

@@ -26,7 +26,7 @@ from transcription.decode_quality import temperature_schedule
 from transcription.language import CHARACTER_LANGUAGES, LanguageChoice, WhisperLanguages
 from transcription.limits import WHISPER_MAX_DURATION_S
 from transcription.options import window_budget
-from transcription.progress import EventFn
+from transcription.progress import EventFn, begin_stage
 from transcription.repetition import RepetitionGuard
 from transcription.result import merge_channels, sequence_metrics, whisper_result
 from transcription.speech import SpeechConfidence, cascade_device, detect_speech, speaker_stage
@@ -93,7 +93,7 @@ class WhisperPipeline:
         """The engine result dict of ``audio`` (see :meth:`transcription.transcriber.Transcriber.transcribe`),
         before :func:`transcription.result.finish_result`."""
         if opts.multichannel and audio.samples.shape[0] > 1:
-            return self._multichannel(audio.samples, opts, should_cancel)
+            return self._multichannel(audio.samples, opts, on_event, should_cancel)
         return self._whisper(audio.mono, opts, on_event, opts.diarize, should_cancel)
 
     def _speech(self, wave: np.ndarray, should_cancel: Callable[[], bool] | None = None
@@ -105,6 +105,7 @@ class WhisperPipeline:
                  diarize: bool, should_cancel: Callable[[], bool] | None = None) -> dict:
         duration = len(wave) / SAMPLE_RATE
         t_vad = time.perf_counter()
+        begin_stage(on_event, "speech_detection")
         try:
             speech, vad_confidence = self._speech(wave, should_cancel)
         except Canceled:  # stopped between the VAD's blocks: the abort result below, no window submitted
@@ -126,6 +127,7 @@ class WhisperPipeline:
                 result["turns"] = []  # the cascade's answer for a recording without speech: nobody spoke
             return result
         want_words = diarize and opts.word_timestamps
+        begin_stage(on_event, "transcription")
         # a multilingual model without a requested language detects it in every window, at the step that
         # also gives the no-speech probability (WindowStart): code-switched speech keeps each language
         choice = self.languages.choose(opts.language, opts.task, lambda: None)
@@ -141,6 +143,7 @@ class WhisperPipeline:
         t_d = time.perf_counter()
         turns = None
         if diarize and segments and finish != FinishReason.ABORT.value:  # nobody reads an aborted result
+            begin_stage(on_event, "speakers")
             try:
                 segments, turns = self._diarize(wave, speech, segments, opts, should_cancel)
             except Canceled:  # canceled after recognition: the cascade stopped where it was
@@ -278,7 +281,9 @@ class WhisperPipeline:
                 keep_min_duration(seg["words"], MIN_WORD_S, seg["start"], seg["end"])
         return pieces, [{"start": t.start, "end": t.end, "speaker": t.speaker} for t in turns]
 
-    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions,
+    def _multichannel(self, samples: np.ndarray, opts: TranscribeOptions, on_event: EventFn | None,
                       should_cancel: Callable[[], bool] | None) -> dict:
+        # one speaker per channel: no cascade; the channels' text is not streamed (it would interleave)
+        begin_stage(on_event, "transcription")
         results = [self._whisper(samples[ch], opts, None, False, should_cancel) for ch in range(samples.shape[0])]
         return merge_channels(self.model_name, results, samples.shape[1], SAMPLE_RATE)
