@@ -23,7 +23,8 @@ comes a pause (0.1-1.2 s) or, where the schedule asks, an overlap: the next turn
 previous ends. The overlap lengths are ``k * u_i`` (``u_i`` seeded, each capped at 80% of the shorter of the
 two turns) and ``k`` is set by bisection so that the overlapped share of speech (time with two or more
 talkers / time with at least one, as in the RTTM) is the target. Levels: each talker's gain in
--6..0 dB, a noise floor at -55 dBFS, the mix peak-normalised to -3 dBFS.
+``--gain-db`` (default -6..0 dB), a white noise floor at ``--noise-dbfs`` (default -55), the mix
+peak-normalised to -3 dBFS.
 
 RTTM turns are the utterances' speech spans (each utterance trimmed of leading/trailing silence, so a
 turn starts and ends with speech; pauses inside one utterance belong to its turn, as in hand-made
@@ -280,7 +281,7 @@ def merged_turns(turns: list[Turn], gap: float = 0.0) -> list[tuple[str, float, 
 
 
 def make_meeting(rng: np.random.Generator, pool: list[Talker], voices: Voices, n_talkers: int, target: float,
-                 duration: float) -> tuple[np.ndarray, list[Turn], dict[str, np.ndarray]]:
+                 duration: float, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0) -> tuple[np.ndarray, list[Turn], dict[str, np.ndarray]]:
     """One meeting: ``(mix [n] float32, turns, per-talker tracks {talker: [n] float32})``."""
     idx = rng.choice(len(pool), size=n_talkers, replace=False)
     talkers = [pool[i] for i in idx]
@@ -308,13 +309,13 @@ def make_meeting(rng: np.random.Generator, pool: list[Talker], voices: Voices, n
     turns = schedule(utts, pauses, u, overlapping, target)
     turns = [t for t in turns if t.start < duration] or turns[:2]
     length = int(np.ceil((max(t.end for t in turns) + 0.5) * SAMPLE_RATE))
-    gains = {t.name: 10 ** (rng.uniform(-6, 0) / 20) for t in talkers}
+    gains = {t.name: 10 ** (rng.uniform(*gain_db) / 20) for t in talkers}
     tracks = {t.name: np.zeros(length, np.float32) for t in talkers if any(x.talker == t.name for x in turns)}
     for t in turns:
         x = t.utt.samples / max(1e-6, np.abs(t.utt.samples).max()) * 0.5 * gains[t.talker]
         a = round(t.start * SAMPLE_RATE)
         tracks[t.talker][a: a + x.size] += x.astype(np.float32)
-    mix = sum(tracks.values()) + rng.standard_normal(length).astype(np.float32) * 10 ** (-55 / 20)
+    mix = sum(tracks.values()) + rng.standard_normal(length).astype(np.float32) * 10 ** (noise_dbfs / 20)
     scale = 10 ** (-3 / 20) / max(1e-6, float(np.abs(mix).max()))
     for k in tracks:
         tracks[k] *= scale
@@ -348,7 +349,7 @@ def stm_lines(uri: str, turns: list[Turn]) -> list[str] | None:
 
 def generate(out: Path, count: int, seed: int, data: Path | None, talkers: tuple[int, int] = (2, 6),
              max_overlap: float = 0.3, duration: tuple[float, float] = (30.0, 90.0), n_espeak: int = 60,
-             first: int = 0) -> list[dict]:
+             first: int = 0, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0) -> list[dict]:
     """Write meetings ``first .. first+count-1`` of set ``seed`` under ``out``; returns their manifest rows.
 
     Meeting ``i`` depends only on ``(seed, i)`` and the options, so a set grows by raising ``count`` (or
@@ -369,7 +370,7 @@ def generate(out: Path, count: int, seed: int, data: Path | None, talkers: tuple
         n = talkers[0] + i % span
         target = float(rng.uniform(0, max_overlap))
         dur = float(rng.uniform(*duration))
-        mix, turns, _ = make_meeting(rng, pool, voices, n, target, dur)
+        mix, turns, _ = make_meeting(rng, pool, voices, n, target, dur, gain_db, noise_dbfs)
         name = f"en_sim_s{seed}_{i:04d}_{n}spk"
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
@@ -398,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-overlap", type=float, default=0.3)
     p.add_argument("--duration", type=float, nargs=2, default=(30.0, 90.0), metavar=("MIN", "MAX"))
     p.add_argument("--espeak-talkers", type=int, default=60)
+    p.add_argument("--gain-db", type=float, nargs=2, default=(-6.0, 0.0), metavar=("MIN", "MAX"),
+                   help="each talker's level (dB, drawn per meeting); e.g. -24 0 for far, quiet talkers")
+    p.add_argument("--noise-dbfs", type=float, default=-55.0, help="white noise floor before normalisation")
     args = p.parse_args(argv)
     import os
 
@@ -409,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = args.data or os.environ.get("DIARIST_TEST_DATA")
     rows = generate(out, args.count, args.seed, Path(data) if data else None, tuple(args.talkers),
-                    args.max_overlap, tuple(args.duration), args.espeak_talkers, args.first)
+                    args.max_overlap, tuple(args.duration), args.espeak_talkers, args.first,
+                    tuple(args.gain_db), args.noise_dbfs)
     manifest = out / "manifest.json"
     old = json.loads(manifest.read_text())["meetings"] if manifest.is_file() else []
     keep = {r["id"]: r for r in old}
