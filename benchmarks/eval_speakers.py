@@ -8,7 +8,9 @@ Multichannel items (the stereo overlap clip) are downmixed to mono: the cascade,
 must find their overlapping talkers (as ``diag_overlap.py`` does).
 
 ``--variant NAME=JSON`` (repeatable) runs the same items again with module constants overridden, e.g.
-``--variant low_train='{"transcription.diarization.pipeline.TRAIN_CLEAN_S": 0.5}'``; within one run the
+``--variant low_train='{"transcription.diarization.pipeline.TRAIN_CLEAN_S": 0.5}'`` (a value
+``"py:module:attr"`` names an object, e.g. an alternative function from ``benchmarks/speaker_variants.py``);
+within one run the
 speech regions and the CAM++ embeddings of identical calls are computed once (exact reuse: same inputs,
 same outputs), so variants of the decision logic cost little. The baseline (no override) is always run.
 
@@ -25,6 +27,7 @@ import datetime as dt
 import hashlib
 import importlib
 import json
+import pickle
 import shlex
 import subprocess
 import sys
@@ -44,15 +47,41 @@ from transcription.diarization.embedders import default_embedder
 TEXT_KEYS = ("wer", "cer", "cpwer", "cpcer")
 
 
+class DiskMemo:
+    """Results remembered by key, in memory and (with a folder) as ``.npy``/``.json`` files across runs."""
+
+    def __init__(self, folder: Path | None):
+        self.folder, self.mem = folder, {}
+        if folder:
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str, make):
+        if key in self.mem:
+            return self.mem[key]
+        path = self.folder / f"{key}.pkl" if self.folder else None
+        if path is not None and path.is_file():
+            value = pickle.loads(path.read_bytes())
+        else:
+            value = make()
+            if path is not None:
+                path.write_bytes(pickle.dumps(value))
+        self.mem[key] = value
+        return value
+
+
+def wave_key(wave: np.ndarray) -> str:
+    return hashlib.blake2b(memoryview(np.ascontiguousarray(wave, np.float32)), digest_size=12).hexdigest()
+
+
 class ReusingEmbedder:
     """CAM++ whose results are remembered per call (recording hash, windows, masks): identical calls of
     several variants reuse one computation."""
 
     name = "campplus"
 
-    def __init__(self):
+    def __init__(self, memo: DiskMemo):
         self.inner = default_embedder("cpu")
-        self.memo: dict[bytes, np.ndarray] = {}
+        self.memo = memo
 
     def embed(self, wave, windows, masks=None, should_cancel=None):
         h = hashlib.blake2b(digest_size=16)
@@ -60,10 +89,23 @@ class ReusingEmbedder:
         h.update(repr([(round(a, 4), round(b, 4)) for a, b in windows]).encode())
         for m in masks or ():
             h.update(np.packbits(np.asarray(m, bool)).tobytes())
-        key = h.digest()
-        if key not in self.memo:
-            self.memo[key] = self.inner.embed(wave, windows, masks)
-        return self.memo[key]
+        return self.memo.get("emb_" + h.hexdigest(), lambda: self.inner.embed(wave, windows, masks))
+
+
+def reuse_segmentation(memo: DiskMemo) -> None:
+    """``segment_cached`` (shared by speech detection and diarization) remembered in ``memo``: the
+    segmentation of a recording is computed once for every variant and run."""
+    from transcription.audio import segmentation
+    from transcription.diarization import pipeline
+
+    plain = segmentation.segment
+
+    def segment(wave, step_s=segmentation.STEP_S, batch=None, device="cpu", should_cancel=None):
+        return memo.get(f"seg_{wave_key(wave)}_{step_s}", lambda: plain(wave, step_s, batch, device))
+
+    segmentation.segment = segment
+    segmentation.CACHE_ENTRIES = 0
+    pipeline.segment_cached = segmentation.segment_cached
 
 
 @contextmanager
@@ -75,6 +117,9 @@ def overrides(values: dict[str, object]):
             mod, name = path.rsplit(".", 1)
             m = importlib.import_module(mod)
             old.append((m, name, getattr(m, name)))
+            if isinstance(v, str) and v.startswith("py:"):  # "py:package.module:attr", e.g. an experiment
+                src, attr = v[3:].rsplit(":", 1)
+                v = getattr(importlib.import_module(src), attr)
             setattr(m, name, v)
         yield
     finally:
@@ -82,14 +127,13 @@ def overrides(values: dict[str, object]):
             setattr(m, name, v)
 
 
-def cascade_fn(embedder: ReusingEmbedder, speech_memo: dict):
+def cascade_fn(embedder: ReusingEmbedder, memo: DiskMemo):
     """A ``transcribe_fn`` for :func:`evaluation.harness.evaluate` whose result holds only speaker turns."""
 
     def run(path, **hints):
         wave = decode_audio(str(path)).mono
-        if str(path) not in speech_memo:
-            speech_memo[str(path)] = detect_speech(wave)
-        turns = diarize(wave, speech_memo[str(path)], embedder=embedder)
+        speech = memo.get(f"vad_{wave_key(wave)}", lambda: detect_speech(wave))
+        turns = diarize(wave, speech, embedder=embedder)
         segs = [{"start": t.start, "end": t.end, "speaker": t.speaker, "text": ""} for t in turns]
         return TranscriptionResult.from_json({"duration": wave.size / SAMPLE_RATE, "language": "en", "model": "cascade",
                                               "segments": segs, "turns": segs, "finish_reason": "stop",
@@ -137,17 +181,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out")
     p.add_argument("--items", action="append", default=None, help="item id pattern (fnmatch); repeatable")
     p.add_argument("--variant", action="append", default=[], help="NAME=JSON of module overrides; repeatable")
+    p.add_argument("--cache", default=None, help="folder remembering speech regions, segmentation and CAM++ "
+                                                 "calls across runs (same inputs, same outputs)")
+    p.add_argument("--no-baseline", action="store_true", help="run only the --variant sets")
     args = p.parse_args(argv)
-    variants = {"baseline": {}}
+    variants = {} if args.no_baseline else {"baseline": {}}
     for v in args.variant:
         name, _, js = v.partition("=")
         variants[name] = json.loads(js)
-    embedder, speech_memo = ReusingEmbedder(), {}
+    memo = DiskMemo(Path(args.cache) if args.cache else None)
+    reuse_segmentation(memo)
+    embedder = ReusingEmbedder(memo)
     reports = {}
     for name, values in variants.items():
         t0 = time.perf_counter()
         with overrides(values):
-            rep = slim(evaluate(args.data_dir, cascade_fn(embedder, speech_memo), patterns=args.items))
+            rep = slim(evaluate(args.data_dir, cascade_fn(embedder, memo), patterns=args.items))
         rep["overrides"] = values
         rep["summary"] = summary(rep)
         rep["wall_s"] = round(time.perf_counter() - t0, 1)
