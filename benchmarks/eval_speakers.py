@@ -127,12 +127,15 @@ def overrides(values: dict[str, object]):
             setattr(m, name, v)
 
 
-def cascade_fn(embedder: ReusingEmbedder, memo: DiskMemo):
-    """A ``transcribe_fn`` for :func:`evaluation.harness.evaluate` whose result holds only speaker turns."""
+def cascade_fn(embedder: ReusingEmbedder, memo: DiskMemo, values: dict):
+    """A ``transcribe_fn`` for :func:`evaluation.harness.evaluate` whose result holds only speaker turns;
+    the speech regions are remembered per recording and per override of ``transcription.audio``."""
+    vad_values = json.dumps({k: v for k, v in values.items() if k.startswith("transcription.audio")}, sort_keys=True)
+    vad_tag = "" if vad_values == "{}" else "_" + hashlib.blake2b(vad_values.encode(), digest_size=6).hexdigest()
 
     def run(path, **hints):
         wave = decode_audio(str(path)).mono
-        speech = memo.get(f"vad_{wave_key(wave)}", lambda: detect_speech(wave))
+        speech = memo.get(f"vad_{wave_key(wave)}{vad_tag}", lambda: detect_speech(wave))
         turns = diarize(wave, speech, embedder=embedder)
         segs = [{"start": t.start, "end": t.end, "speaker": t.speaker, "text": ""} for t in turns]
         return TranscriptionResult.from_json({"duration": wave.size / SAMPLE_RATE, "language": "en", "model": "cascade",
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in variants.items():
         t0 = time.perf_counter()
         with overrides(values):
-            rep = slim(evaluate(args.data_dir, cascade_fn(embedder, memo), patterns=args.items))
+            rep = slim(evaluate(args.data_dir, cascade_fn(embedder, memo, values), patterns=args.items))
         rep["overrides"] = values
         rep["summary"] = summary(rep)
         rep["wall_s"] = round(time.perf_counter() - t0, 1)
