@@ -24,7 +24,7 @@ previous ends. The overlap lengths are ``k * u_i`` (``u_i`` seeded, each capped 
 two turns) and ``k`` is set by bisection so that the overlapped share of speech (time with two or more
 talkers / time with at least one, as in the RTTM) is the target. Levels: each talker's gain in
 ``--gain-db`` (default -6..0 dB), a white noise floor at ``--noise-dbfs`` (default -55), the mix
-peak-normalised to -3 dBFS.
+peak-normalised to -3 dBFS; ``--reverb`` puts each talker in a synthetic room (:func:`room`).
 
 RTTM turns are the utterances' speech spans (each utterance trimmed of leading/trailing silence, so a
 turn starts and ends with speech; pauses inside one utterance belong to its turn, as in hand-made
@@ -281,7 +281,8 @@ def merged_turns(turns: list[Turn], gap: float = 0.0) -> list[tuple[str, float, 
 
 
 def make_meeting(rng: np.random.Generator, pool: list[Talker], voices: Voices, n_talkers: int, target: float,
-                 duration: float, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0) -> tuple[np.ndarray, list[Turn], dict[str, np.ndarray]]:
+                 duration: float, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0,
+                 reverb: float = 0.0) -> tuple[np.ndarray, list[Turn], dict[str, np.ndarray]]:
     """One meeting: ``(mix [n] float32, turns, per-talker tracks {talker: [n] float32})``."""
     idx = rng.choice(len(pool), size=n_talkers, replace=False)
     talkers = [pool[i] for i in idx]
@@ -315,11 +316,30 @@ def make_meeting(rng: np.random.Generator, pool: list[Talker], voices: Voices, n
         x = t.utt.samples / max(1e-6, np.abs(t.utt.samples).max()) * 0.5 * gains[t.talker]
         a = round(t.start * SAMPLE_RATE)
         tracks[t.talker][a: a + x.size] += x.astype(np.float32)
-    mix = sum(tracks.values()) + rng.standard_normal(length).astype(np.float32) * 10 ** (noise_dbfs / 20)
+    noise = rng.standard_normal(length).astype(np.float32) * 10 ** (noise_dbfs / 20)
+    if reverb > 0:  # drawn after everything else, so reverb=0 leaves a meeting's bytes as they were
+        tracks = {k: room(x, rng, reverb) for k, x in tracks.items()}
+    mix = sum(tracks.values()) + noise
     scale = 10 ** (-3 / 20) / max(1e-6, float(np.abs(mix).max()))
     for k in tracks:
         tracks[k] *= scale
     return (mix * scale).astype(np.float32), turns, tracks
+
+
+def room(x: np.ndarray, rng: np.random.Generator, rt60_max: float) -> np.ndarray:
+    """``x`` heard in a room: convolved with a synthetic impulse response, a unit direct path plus
+    exponentially decaying white noise (reverberation time drawn in ``[0.2, rt60_max]`` s, 60 dB of decay)
+    whose energy is the direct path's times ``10 ** (-drr / 10)``, drr drawn in -6..+6 dB (a far talker
+    is below 0 dB). Same length as ``x``."""
+    from scipy.signal import fftconvolve
+
+    rt60 = rng.uniform(0.2, max(0.2, rt60_max))
+    drr_db = rng.uniform(-6.0, 6.0)
+    t = np.arange(1, int(rt60 * SAMPLE_RATE)) / SAMPLE_RATE
+    tail = rng.standard_normal(t.size) * np.exp(-6.9 * t / rt60)
+    tail *= np.sqrt(10 ** (-drr_db / 10) / max(1e-12, float((tail ** 2).sum())))
+    h = np.concatenate([[1.0], tail])
+    return fftconvolve(x, h)[: x.size].astype(np.float32)
 
 
 def write_wav(path: Path, x: np.ndarray) -> None:
@@ -349,7 +369,8 @@ def stm_lines(uri: str, turns: list[Turn]) -> list[str] | None:
 
 def generate(out: Path, count: int, seed: int, data: Path | None, talkers: tuple[int, int] = (2, 6),
              max_overlap: float = 0.3, duration: tuple[float, float] = (30.0, 90.0), n_espeak: int = 60,
-             first: int = 0, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0) -> list[dict]:
+             first: int = 0, gain_db: tuple[float, float] = (-6.0, 0.0), noise_dbfs: float = -55.0,
+             reverb: float = 0.0) -> list[dict]:
     """Write meetings ``first .. first+count-1`` of set ``seed`` under ``out``; returns their manifest rows.
 
     Meeting ``i`` depends only on ``(seed, i)`` and the options, so a set grows by raising ``count`` (or
@@ -370,7 +391,7 @@ def generate(out: Path, count: int, seed: int, data: Path | None, talkers: tuple
         n = talkers[0] + i % span
         target = float(rng.uniform(0, max_overlap))
         dur = float(rng.uniform(*duration))
-        mix, turns, _ = make_meeting(rng, pool, voices, n, target, dur, gain_db, noise_dbfs)
+        mix, turns, _ = make_meeting(rng, pool, voices, n, target, dur, gain_db, noise_dbfs, reverb)
         name = f"en_sim_s{seed}_{i:04d}_{n}spk"
         d = out / name
         d.mkdir(parents=True, exist_ok=True)
@@ -402,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gain-db", type=float, nargs=2, default=(-6.0, 0.0), metavar=("MIN", "MAX"),
                    help="each talker's level (dB, drawn per meeting); e.g. -24 0 for far, quiet talkers")
     p.add_argument("--noise-dbfs", type=float, default=-55.0, help="white noise floor before normalisation")
+    p.add_argument("--reverb", type=float, default=0.0, metavar="RT60_MAX",
+                   help="each talker in a synthetic room, reverberation time up to this (s); 0: dry")
     args = p.parse_args(argv)
     import os
 
@@ -414,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or os.environ.get("DIARIST_TEST_DATA")
     rows = generate(out, args.count, args.seed, Path(data) if data else None, tuple(args.talkers),
                     args.max_overlap, tuple(args.duration), args.espeak_talkers, args.first,
-                    tuple(args.gain_db), args.noise_dbfs)
+                    tuple(args.gain_db), args.noise_dbfs, args.reverb)
     manifest = out / "manifest.json"
     old = json.loads(manifest.read_text())["meetings"] if manifest.is_file() else []
     keep = {r["id"]: r for r in old}
