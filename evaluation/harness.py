@@ -165,7 +165,16 @@ DEFINITIONS = {
                    "(en_..., zh_..., ja_...: the shared data's convention); 'other' for the rest (music, noise, "
                    "mixed-language items); language/language_source: what the transcript says",
     "speaker_count_error": "hypothesis speakers - reference speakers (RTTM labels, else STM speakers, "
-                           "else 0 for an empty transcript)",
+                           "else 0 for an empty transcript); totals: speaker_count_error_mean (signed: the bias), "
+                           "speaker_count_abs_error_mean, speaker_count_exact and speaker_count_within_1 (items)",
+    "der_split": "der_cX_detail: missed = missed_speech (reference speech where the hypothesis has no speaker, "
+                 "each reference speaker counted) + missed_overlap (hypothesis has speakers, fewer than the "
+                 "reference); seconds per item; totals der_cX_<part>: the items' seconds over their summed "
+                 "reference speech (they add up to der_cX)",
+    "overlap_two_speakers": "overlap_cX_two_speakers: of the reference's overlapped time (two or more reference "
+                            "speakers, outside the collars), the share where the hypothesis has two or more "
+                            "speakers too (identities not compared; confusion says that); overlap_cX_s: that "
+                            "reference time in seconds",
 }
 
 
@@ -213,9 +222,18 @@ def aggregate(records: list[dict], collars: tuple[float, ...] = (0.0, 0.25)) -> 
             scored = [r for r in ok if r.get(f"{m}_{key}") is not None]
             out[f"{m}_{key}"] = scoring.pool_diarization(m, [r[f"{m}_{key}_components"] for r in scored])
             out[f"{m}_{key}_mean"] = _mean([r[f"{m}_{key}"] for r in scored])
-    errs = [abs(r["speaker_count_error"]) for r in ok if r.get("speaker_count_error") is not None]
-    out.update(speaker_count_items=len(errs), speaker_count_abs_error_mean=_mean(errs),
-               speaker_count_within_1=sum(e <= 1 for e in errs))
+        details = [r[f"der_{key}_detail"] for r in ok if r.get(f"der_{key}_detail")]
+        total = sum(d["total"] for d in details)
+        for part in ("missed_speech", "missed_overlap", "false_alarm", "confusion"):
+            out[f"der_{key}_{part}"] = sum(d.get(part, 0.0) for d in details) / total if total else None
+        overlap = sum(d.get("overlap", 0.0) for d in details)
+        out[f"overlap_{key}_s"] = overlap
+        out[f"overlap_{key}_two_speakers"] = (sum(d.get("overlap_two_speakers", 0.0) for d in details) / overlap
+                                              if overlap else None)
+    errs = [r["speaker_count_error"] for r in ok if r.get("speaker_count_error") is not None]
+    out.update(speaker_count_items=len(errs), speaker_count_error_mean=_mean(errs),
+               speaker_count_abs_error_mean=_mean([abs(e) for e in errs]),
+               speaker_count_exact=sum(e == 0 for e in errs), speaker_count_within_1=sum(abs(e) <= 1 for e in errs))
     silent = [r for r in ok if r.get("expected_no_speech")]
     out.update(no_speech_items=len(silent), no_speech_items_with_words=sum(r["hyp_words"] > 0 for r in silent),
                no_speech_items_with_speakers=sum(r["hyp_speakers"] > 0 for r in silent))

@@ -169,7 +169,10 @@ def diarization_errors(reference: Any, transcript: Transcript, collars: tuple[fl
 
     For every ``c`` in ``collars`` (seconds each side, md-eval convention) returns keys
     ``der_c{c}``, ``jer_c{c}``, the DER components in seconds ``der_c{c}_detail``
-    ``{missed, false_alarm, confusion, total}`` and pyannote's own components of both metrics
+    ``{missed, false_alarm, confusion, total, missed_speech, missed_overlap, overlap, overlap_two_speakers}``
+    (``missed`` split into speech no hypothesis speaker covers and overlap given too few speakers, and the
+    reference's overlapped time with the part of it the hypothesis gives two speakers: :func:`overlap_counts`)
+    and pyannote's own components of both metrics
     ``der_c{c}_components`` / ``jer_c{c}_components`` (what :func:`pool_diarization` sums). Rates are
     ``None`` when the scored reference speech is empty.
     """
@@ -185,16 +188,69 @@ def diarization_errors(reference: Any, transcript: Transcript, collars: tuple[fl
         if uem is None or not reference:
             out[f"der_{key}"] = out[f"jer_{key}"] = None
             continue
-        d = DiarizationErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem, detailed=True)
+        metric = DiarizationErrorRate(collar=2 * c, skip_overlap=False)
+        d = metric(reference, hyp, uem=uem, detailed=True)
         total = d["total"]
         out[f"der_{key}"] = d["diarization error rate"] if total > 0 else None
+        ref_c, hyp_c, uem_c = metric.uemify(reference, hyp, uem=uem, collar=2 * c, returns_uem=True)
+        counts = overlap_counts(ref_c, hyp_c, uem_c)
         out[f"der_{key}_detail"] = {"missed": d["missed detection"], "false_alarm": d["false alarm"],
-                                    "confusion": d["confusion"], "total": total}
+                                    "confusion": d["confusion"], "total": total,
+                                    "missed_speech": counts["missed_speech"],
+                                    "missed_overlap": counts["missed_overlap"],
+                                    "overlap": counts["overlap"], "overlap_two_speakers": counts["overlap_two_speakers"]}
         out[f"der_{key}_components"] = {k: float(d[k]) for k in DiarizationErrorRate.metric_components()}
         j = JaccardErrorRate(collar=2 * c, skip_overlap=False)(reference, hyp, uem=uem, detailed=True)
         out[f"jer_{key}"] = float(j[JaccardErrorRate.metric_name()])
         out[f"jer_{key}_components"] = {k: float(j[k]) for k in JaccardErrorRate.metric_components()}
     return out
+
+
+def overlap_counts(reference: Any, hypothesis: Any, uem: Any) -> dict[str, float]:
+    """Speaker counts of reference and hypothesis compared inside ``uem``, exactly (on the elementary spans
+    between all their boundaries), all in seconds:
+
+    - ``missed_speech``: sum of ``n_ref`` where the hypothesis has no speaker;
+    - ``missed_overlap``: sum of ``n_ref - n_hyp`` where the hypothesis has some speakers but fewer than the
+      reference (``missed_speech + missed_overlap`` is pyannote's missed detection);
+    - ``overlap``: time where the reference has two or more speakers;
+    - ``overlap_two_speakers``: the part of ``overlap`` where the hypothesis has two or more speakers too.
+
+    ``reference``/``hypothesis`` are pyannote ``Annotation``s, ``uem`` a ``Timeline`` (after pyannote's
+    ``uemify``, so collars are already cut out). Speaker identities are not compared here: the confusion of
+    DER says whether the right ones were chosen.
+    """
+    import numpy as np
+
+    out = {"missed_speech": 0.0, "missed_overlap": 0.0, "overlap": 0.0, "overlap_two_speakers": 0.0}
+    def spans(ann: Any) -> list[tuple[float, float]]:  # one speaker's own overlapping turns count once
+        return [(s.start, s.end) for label in ann.labels() for s in ann.label_timeline(label).support()]
+
+    ref, hyp = spans(reference), spans(hypothesis)
+    for region in uem:
+        edges = sorted({region.start, region.end} | {t for a, b in ref + hyp for t in (a, b)
+                                                      if region.start < t < region.end})
+        if len(edges) < 2:
+            continue
+        e = np.array(edges)
+        mid, dur = (e[1:] + e[:-1]) / 2, np.diff(e)
+
+        nr, nh = _active_count(ref, mid), _active_count(hyp, mid)
+        out["missed_speech"] += float((dur * nr * (nh == 0)).sum())
+        out["missed_overlap"] += float((dur * np.maximum(nr - nh, 0) * (nh > 0)).sum())
+        out["overlap"] += float((dur * (nr >= 2)).sum())
+        out["overlap_two_speakers"] += float((dur * ((nr >= 2) & (nh >= 2))).sum())
+    return out
+
+
+def _active_count(spans: list[tuple[float, float]], t: Any) -> Any:
+    """How many of ``spans`` hold each time of ``t`` (``[n]`` float seconds) -> ``[n]`` int."""
+    import numpy as np
+
+    n = np.zeros(t.size, int)
+    for a, b in spans:
+        n += (t > a) & (t < b)
+    return n
 
 
 def pool_diarization(metric: str, components: list[dict]) -> float | None:

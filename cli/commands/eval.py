@@ -163,10 +163,35 @@ def format_table(report: dict) -> str:
                              for c in cols)
                  + f"; speaker count within ±1: {o['speaker_count_within_1']}/{o['speaker_count_items']}; "
                    f"RTF {_fmt(o['rtf'], False)}")
+    if o.get("speaker_count_items"):
+        lines.append(speaker_line(o, cols))
     for lang, g in (report.get("by_language") or {}).items():
         lines.append(f"  {lang}: {g['items']} items; WER {pct(g['wer'])}, CER {pct(g['cer'])}, "
                      f"RTF {_fmt(g['rtf'], False)}")
     return "\n".join(lines)
+
+
+def speaker_line(o: dict, cols: list[float]) -> str:
+    """The speaker figures of the totals ``o`` in one line: per collar the pooled DER split (missed speech,
+    missed overlap, false alarm, confusion) and the share of the reference's overlapped time the hypothesis
+    gives two speakers; then the speaker count (exact items, signed mean error)."""
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    parts = []
+    for c in cols:
+        k = f"c{c:g}"
+        if o.get(f"der_{k}") is None:
+            continue
+        parts.append(f"DER({k}) {pct(o[f'der_{k}'])} = missed speech {pct(o.get(f'der_{k}_missed_speech'))} + "
+                     f"missed overlap {pct(o.get(f'der_{k}_missed_overlap'))} + false alarm "
+                     f"{pct(o.get(f'der_{k}_false_alarm'))} + confusion {pct(o.get(f'der_{k}_confusion'))}, "
+                     f"overlap given 2 speakers {pct(o.get(f'overlap_{k}_two_speakers'))} "
+                     f"of {o.get(f'overlap_{k}_s', 0.0):.1f} s")
+    mean = o.get("speaker_count_error_mean")
+    parts.append(f"speaker count exact {o['speaker_count_exact']}/{o['speaker_count_items']}, mean error "
+                 + ("-" if mean is None else f"{mean:+.2f}"))
+    return "speakers: " + "; ".join(parts)
 
 
 def run(args: argparse.Namespace, transcribe_fn: TranscribeFn | None = None) -> int:

@@ -144,7 +144,9 @@ def test_hand_computed_values(synthetic):
     # ref A 0-4, B 4-8; hyp X 0-5, Y 5-8 + 9.5-10. Mapping X->A, Y->B.
     # collar 0: confusion 4-5 (1 s) + false alarm 9.5-10 (0.5 s) over 8 s of reference = 0.1875
     assert m["der_c0"] == pytest.approx(1.5 / 8)
-    assert m["der_c0_detail"] == pytest.approx({"missed": 0, "false_alarm": 0.5, "confusion": 1.0, "total": 8.0})
+    assert m["der_c0_detail"] == pytest.approx({"missed": 0, "false_alarm": 0.5, "confusion": 1.0, "total": 8.0,
+                                                "missed_speech": 0, "missed_overlap": 0, "overlap": 0,
+                                                "overlap_two_speakers": 0})
     # collar 0.25 s each side of 0, 4, 8 removes 0.25 + 0.5 + 0.25 s of reference and 4-4.25 of confusion:
     # (0.75 + 0.5) / 7 = 0.178571...
     assert m["der_c0.25"] == pytest.approx(1.25 / 7)
@@ -166,6 +168,44 @@ def test_hand_computed_values(synthetic):
     assert o["wer"] == pytest.approx(0.5)
     assert o["der_c0"] == pytest.approx(1.5 / 8)
     assert o["rtf"] is not None and o["audio_s"] == pytest.approx(14.3)
+
+
+def test_overlap_split_and_speaker_count_by_hand(tmp_path, capsys):
+    d = tmp_path / "data" / "ov"
+    d.mkdir(parents=True)
+    (d / "o.wav").write_bytes(b"")
+    (d / "o.rttm").write_text("SPEAKER o 1 0.000 6.000 <NA> <NA> A <NA> <NA>\n"
+                              "SPEAKER o 1 4.000 4.000 <NA> <NA> B <NA> <NA>\n")
+
+    def hyp(path, **hints):  # X 0-5, Y 4.5-7.5, Z 9-9.5: one talker too many, overlap half found
+        return engine_result([{"speaker": 0, "start": 0.0, "end": 5.0, "text": "w"},
+                              {"speaker": 1, "start": 4.5, "end": 7.5, "text": "w"},
+                              {"speaker": 2, "start": 9.0, "end": 9.5, "text": "w"}], 10.0)
+
+    report = evaluate(tmp_path / "data", hyp, collars=(0.0, 0.25))
+    r = report["items"][0]
+    # collar 0 (reference A 0-6, B 4-8: 10 s of speech, overlap 4-6): 4-4.5 and 5-6 have one hypothesis
+    # speaker for two (missed overlap 1.5 s), 7.5-8 none (missed speech 0.5 s), 9-9.5 false alarm; X->A, Y->B
+    # leave no confusion. DER = (1.5 + 0.5 + 0.5) / 10; two hypothesis speakers on 4.5-5 of the 2 s overlap.
+    assert r["der_c0"] == pytest.approx(0.25)
+    assert r["der_c0_detail"] == pytest.approx({"missed": 2.0, "false_alarm": 0.5, "confusion": 0.0, "total": 10.0,
+                                                "missed_speech": 0.5, "missed_overlap": 1.5, "overlap": 2.0,
+                                                "overlap_two_speakers": 0.5})
+    # collar 0.25 cuts 0-0.25, 3.75-4.25, 5.75-6.25, 7.75-8.25: 8 s of speech; overlap left 4.25-5.75 (1.5 s),
+    # one speaker short on 4.25-4.5 and 5-5.75 (1.0 s), none on 7.5-7.75 (0.25 s), false alarm 0.5 s
+    assert r["der_c0.25"] == pytest.approx(1.75 / 8)
+    det = r["der_c0.25_detail"]
+    assert (det["missed_overlap"], det["missed_speech"], det["overlap"], det["overlap_two_speakers"]) == \
+        pytest.approx((1.0, 0.25, 1.5, 0.5))
+    assert det["missed"] == pytest.approx(det["missed_speech"] + det["missed_overlap"])
+    o = report["overall"]
+    assert (o["der_c0_missed_speech"], o["der_c0_missed_overlap"], o["der_c0_false_alarm"],
+            o["der_c0_confusion"]) == pytest.approx((0.05, 0.15, 0.05, 0.0))
+    assert o["overlap_c0_two_speakers"] == pytest.approx(0.25) and o["overlap_c0.25_two_speakers"] == pytest.approx(1 / 3)
+    assert (r["speaker_count_error"], o["speaker_count_exact"], o["speaker_count_error_mean"]) == (1, 0, 1)
+    line = eval_cmd.speaker_line(o, [0.0, 0.25])
+    assert "missed overlap 15.0%" in line and "overlap given 2 speakers 25.0% of 2.0 s" in line
+    assert line.endswith("speaker count exact 0/1, mean error +1.00")
 
 
 # --- bad input never ends in a traceback ------------------------------------------------------

@@ -1,5 +1,5 @@
 """Give transcript words and segments the speaker of the turns they overlap, splitting segments where the
-speaker changes between words."""
+speaker changes between words (also inside overlapped speech, where two turns cover a word)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,58 @@ def _speaker_at(start: float, end: float, turns: list[Turn], starts: np.ndarray,
     mid = (start + end) / 2
     gap = np.maximum(starts - mid, 0) + np.maximum(mid - ends, 0)
     return int(speakers[int(gap.argmin())])
+
+
+def _candidates(start: float, end: float, starts: np.ndarray, ends: np.ndarray, speakers: np.ndarray) -> list[int]:
+    """Speakers tied for the most time over ``[start, end]`` (more than one: the word lies in overlapped
+    speech, where time alone cannot say whose it is); ``[]`` when no turn overlaps it."""
+    ov = np.minimum(ends, end) - np.maximum(starts, start)
+    if not ov.size or ov.max() <= 0:
+        return []
+    per = np.zeros(int(speakers.max()) + 1)
+    np.add.at(per, speakers, np.clip(ov, 0, None))
+    return np.flatnonzero(per >= per.max() - 1e-6).tolist()
+
+
+_SENTENCE_END = (".", "?", "!", "…")
+
+
+def _split_overlap_runs(words: list[dict], cands: list[list[int]], labels: list[int]) -> list[int]:
+    """Speakers of words in overlapped speech, from their neighbours: ``labels`` holds a speaker for every
+    word (ties already given the segment's speaker) and is returned with each run of tied words
+    (``len(cands[i]) > 1``) re-labelled. When the untied word before the run and the one after it belong
+    to two different tied speakers ``L`` and ``R`` (one talker finishing while the next starts, the usual
+    overlap at a change of turn), the run's first words go to ``L`` and the rest to ``R``, cut after a word
+    that ends a sentence, else at the longest pause between words (Whisper writes one stream of text, in
+    time order, so one talker's words come before the other's). When only one side has such a neighbour,
+    the whole run goes to it. Otherwise the labels stay."""
+    out = list(labels)
+    i, n = 0, len(words)
+    while i < n:
+        if len(cands[i]) <= 1:
+            i += 1
+            continue
+        j = i
+        while j < n and len(cands[j]) > 1:
+            j += 1
+        run = range(i, j)  # words i..j-1 are tied
+        left = labels[i - 1] if i > 0 and labels[i - 1] in cands[i] else None
+        right = labels[j] if j < n and labels[j] in cands[j - 1] else None
+        if left is not None and right is not None and left != right:
+            best, cut = -1.0, i
+            for c in range(i, j + 1):  # words i..c-1 -> left, c..j-1 -> right
+                prev, nxt = words[c - 1], words[c] if c < n else None
+                gap = 0.0 if nxt is None else max(0.0, nxt["start"] - prev["end"])
+                score = gap + (10.0 if prev["word"].strip().endswith(_SENTENCE_END) else 0.0)
+                if score > best:
+                    best, cut = score, c
+            for k in run:
+                out[k] = left if k < cut else right
+        elif left is not None or right is not None:
+            for k in run:
+                out[k] = left if left is not None else right
+        i = j
+    return out
 
 
 def _trim(start: float, end: float, core: tuple[float, float], speaker: int, starts: np.ndarray,
@@ -54,8 +106,10 @@ def assign_speakers(segments: list[dict], turns: list[Turn]) -> list[dict]:
         of its speaker's turns that its words overlap, and its words' times are clipped into it:
         Whisper's segment edges often reach into silence (a window start, a pause) that turns leave out.
         ``start <= end`` always. Each word gets the speaker it overlaps most, or the nearest turn when it
-        overlaps none; a word that overlaps two speakers equally (overlapped speech) takes the speaker
-        the whole segment overlaps most. A segment without words is labelled (and trimmed) as a whole. With
+        overlaps none. Words that overlap two speakers equally (overlapped speech) take their speaker from
+        the words around them (:func:`_split_overlap_runs`: where one talker finishes over the next one's
+        start, each keeps its own words, so the second talker's words land in a segment of their own),
+        else the speaker the whole segment overlaps most. A segment without words is labelled (and trimmed) as a whole. With
         no turns at all every segment gets speaker 0 and keeps its times.
     """
     starts = np.array([t.start for t in turns], float)
@@ -77,8 +131,10 @@ def assign_speakers(segments: list[dict], turns: list[Turn]) -> list[dict]:
         # a tie inside overlapped speech goes to the speaker of the whole segment (Whisper's segments are
         # mostly one talker's utterance), so a speaker change needs evidence
         major = _speaker_at(seg["start"], max(seg["end"], words[-1]["end"]), turns, starts, ends, speakers)
-        labelled = [dict(w, speaker=_speaker_at(w["start"], w["end"], turns, starts, ends, speakers, major))
-                    for w in words]
+        labels = [_speaker_at(w["start"], w["end"], turns, starts, ends, speakers, major) for w in words]
+        labels = _split_overlap_runs(words, [_candidates(w["start"], w["end"], starts, ends, speakers)
+                                             for w in words], labels)
+        labelled = [dict(w, speaker=spk) for w, spk in zip(words, labels, strict=True)]
         runs: list[list[dict]] = []
         for w in labelled:
             if runs and runs[-1][-1]["speaker"] == w["speaker"]:

@@ -64,6 +64,10 @@ MIN_CLUSTER_S = 2.0
 joins its nearest cluster: one speaker needs 2 s of solo speech to count."""
 MIN_REGION_S = 0.1
 """Speech regions shorter than this are ignored (too short to hold a word)."""
+COUNT_ROUND = 0.5
+"""A frame that has speech gets ``n + 1`` speakers (``n >= 1``) when the chunks that see it say
+``n + COUNT_ROUND`` or more on average (0.5: rounding to the nearest); whether it has speech at all is
+the mean count rounded."""
 
 DT = FRAME_STEP / SAMPLE_RATE
 
@@ -206,7 +210,8 @@ def _reconstruct(offsets, act, items, assigned, num, n_spk, in_speech, nearest=N
     score, _ = aggregate(offsets, clustered, num)
     spare_score, _ = aggregate(offsets, spare, num)
     count, _ = aggregate(offsets, act.sum(-1), num)
-    count = np.rint(count).astype(int) * in_speech
+    extra = (count >= 1) & (count - np.floor(count) >= COUNT_ROUND)  # one more overlapping speaker
+    count = np.where(extra, np.floor(count) + 1, np.rint(count)).astype(int) * in_speech
     # each frame takes its ``count`` best-scored speakers among those scored above 0 (stable order on ties);
     # a frame none of whose speakers scores takes the best of the unassigned speakers' nearest centroids
     active = _top(score, count)

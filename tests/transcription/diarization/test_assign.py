@@ -78,3 +78,24 @@ def test_overlap_tie_goes_to_the_segments_speaker():
            "words": [_w(" neither", 10.1, 10.4), _w(" did", 10.4, 10.6), _w(" I", 10.6, 10.9)]}
     out = assign_speakers([seg], turns)
     assert [o["speaker"] for o in out] == [1]
+
+
+def test_words_in_overlap_keep_their_own_speaker_at_a_change_of_turn():
+    # speaker 0 talks 0-3.0, speaker 1 from 2.0 (overlap 2.0-3.0); Whisper wrote both in one segment, in time
+    # order: "we should stop here." (0's, the last two words in the overlap) then "yes I agree" (1's, the first
+    # in the overlap). Before: the tied words all went to the segment's speaker 0 and 1's "yes" was fused in.
+    turns = [Turn(0.0, 3.0, 0), Turn(2.0, 5.0, 1)]
+    seg = {"start": 0.0, "end": 4.5, "text": " we should stop here. yes I agree",
+           "words": [_w(" we", 0.2, 0.6), _w(" should", 0.6, 1.2), _w(" stop", 1.2, 2.1), _w(" here.", 2.1, 2.4),
+                     _w(" yes", 2.5, 2.8), _w(" I", 3.1, 3.3), _w(" agree", 3.3, 4.5)]}
+    out = assign_speakers([seg], turns)
+    assert [(o["speaker"], o["text"]) for o in out] == [(0, "we should stop here."), (1, "yes I agree")]
+
+
+def test_overlap_run_without_punctuation_is_cut_at_the_longest_pause():
+    turns = [Turn(0.0, 3.0, 0), Turn(2.0, 5.0, 1)]
+    seg = {"start": 0.0, "end": 4.5, "text": " a b c d e",
+           "words": [_w(" a", 0.2, 1.95), _w(" b", 2.0, 2.2), _w(" c", 2.25, 2.4), _w(" d", 2.8, 2.95),
+                     _w(" e", 3.2, 4.5)]}
+    out = assign_speakers([seg], turns)
+    assert [(o["speaker"], o["text"]) for o in out] == [(0, "a b c"), (1, "d e")]
