@@ -21,7 +21,8 @@ def _reconstruct_loop(offsets, act, items, assigned, num, n_spk, in_speech, near
     score, _ = aggregate(offsets, clustered, num)
     spare_score, _ = aggregate(offsets, spare, num)
     count, _ = aggregate(offsets, act.sum(-1), num)
-    count = np.rint(count).astype(int) * in_speech
+    extra = (count >= 1) & (count - np.floor(count) >= P.COUNT_ROUND)  # the pipeline's count rule
+    count = np.where(extra, np.floor(count) + 1, np.rint(count)).astype(int) * in_speech
     active = np.zeros((num, n_spk), bool)
     order = np.argsort(-score, axis=1, kind="stable")
     for j in np.flatnonzero(count):
