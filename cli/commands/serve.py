@@ -109,5 +109,5 @@ def create_api() -> Any:
     services = Services.from_settings(st)
     services.dispatcher = CeleryDispatcher(st, configure(st))
     # enrollment samples are embedded by the host's engine server (POST /internal/embed): no model here
-    services.voices = HttpEngineClient(st.engine_url[0], family=st.model)
+    services.voices = HttpEngineClient(st.engine_url[0], expected_family=st.model)
     return create_app(services)

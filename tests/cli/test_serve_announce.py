@@ -143,3 +143,17 @@ def test_serve_answers_as_soon_as_it_prints(tmp_path, workers):
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=60)
     assert p.returncode == 0, out[-2000:]
+
+
+def test_create_api_builds_the_split_deployments_app(monkeypatch, tmp_path):
+    """``diarist serve`` without ``--embedded`` (one uvicorn process per API worker) builds its app from the
+    settings: the engine client for enrollment samples included (a trial found it refused at start)."""
+    from cli.commands.serve import create_api
+    from engine_server.client import HttpEngineClient
+
+    for k, v in {"DIARIST_DATA_DIR": str(tmp_path), "DIARIST_BROKER_URL": "filesystem://",
+                 "DIARIST_ENGINE_URL": "http://127.0.0.1:9", "DIARIST_MODEL": "whisper"}.items():
+        monkeypatch.setenv(k, v)
+    app = create_api()
+    voices = app.state.services.voices
+    assert isinstance(voices, HttpEngineClient) and voices.url == "http://127.0.0.1:9"
