@@ -249,7 +249,7 @@ def test_a_worker_cancel_only_lowers_the_engine_load_and_is_logged(engine_server
     sampler.start()
     try:
         with job_context("job_" + "c" * 32), pytest.raises(JobFailure):
-            HttpEngineClient(url, timeout_s=120).transcribe(path, {"num_speakers": 2}, on_event=on_event,
+            HttpEngineClient(url, timeout_s=120).transcribe(path, TranscribeOptions(num_speakers=2), on_event=on_event,
                                                             cancel=token)
         assert_request_dropped(engine, free0, finished0, n_windows)
         deadline = time.monotonic() + 10

@@ -108,7 +108,7 @@ def test_every_export_shows_the_names():
                     "S02": SpeakerIdentity()}
     shown = {"json": '"name": "Alice Chen"', "txt": "Alice Chen: Hello", "srt": "Alice Chen: Hello",
              "vtt": "<v Alice Chen>Hello", "rttm": " Alice_Chen ", "verbose_json": '"speaker": "Alice Chen"',
-             "diarized_json": '"speaker": "Alice Chen"'}
+             "diarized_json": '"speaker": "Alice Chen"', "svg": ">Alice Chen<"}
     for fmt in SUPPORTED_FORMATS:
         body, _ = render(t, fmt)
         if fmt != "text":

@@ -98,7 +98,11 @@ def test_event_stream_order_and_content(whisper_engine):
                                                       TranscribeOptions(diarize=False))]
 
     events = asyncio.run(collect())
-    kinds = [e["type"] for e in events]
+    from diarist.contract.events import STAGES
+
+    stages = [e["stage"] for e in events if e["type"] == "stage"]
+    assert stages and stages == sorted(stages, key=STAGES.index)  # each stage once, in the pipeline's order
+    kinds = [e["type"] for e in events if e["type"] != "stage"]
     assert kinds[0] == "queued" and kinds[1] == "started" and kinds[-2:] == ["finished", "result"]
     assert kinds.index("delta") < kinds.index("segment")
     text = "".join(e["text"] for e in events if e["type"] == "delta")

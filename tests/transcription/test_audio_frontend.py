@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from diarist.contract.options import TranscribeOptions
 from tests.conftest import data_file
 from transcription.audio import Frontend, decode_audio
 
@@ -72,5 +73,5 @@ def test_workers_decode_as_the_engines_family(monkeypatch, tmp_path):
                             lambda self, f=served: {"family": f, "frontend": FAMILIES[f].frontend})
         with pytest.raises(JobFailure):
             engine_client(["http://127.0.0.1:9"], timeout_s=1, expected_family="whisper").transcribe(
-                tmp_path / "a.wav", {})
+                tmp_path / "a.wav", TranscribeOptions())
     assert seen == [Frontend.LIBROSA, Frontend.FFMPEG]

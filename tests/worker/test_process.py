@@ -209,10 +209,10 @@ def test_stage_events_reach_the_job_event_stream(rt, make_job):
     from tests.worker.fakes import ResultEngine
 
     class StagedEngine(ResultEngine):
-        def transcribe(self, audio, options, on_event=None, cancel=None, admission_class="default"):
+        def transcribe(self, audio, options, on_event=None, cancel=None):
             for stage in STAGES:
                 on_event("stage", {"stage": stage})
-            return super().transcribe(audio, options, on_event, cancel, admission_class)
+            return super().transcribe(audio, options, on_event, cancel)
 
     rt.engine = StagedEngine()
     rt.services.store.put_file("jobs/st/audio", io.BytesIO(wav_bytes()))
