@@ -77,7 +77,9 @@ class JobOptions(BaseModel):
     @field_validator("speaker_profiles", mode="before")
     @classmethod
     def _profiles(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip() != "all":  # a form field: "spk_a,spk_b" or '["spk_a"]'
+        if isinstance(v, str) and v.strip().lower() == "all":
+            return "all"
+        if isinstance(v, str):  # a form field: "spk_a,spk_b" or '["spk_a"]'
             text = v.strip()
             v = json.loads(text) if text.startswith("[") else [x.strip() for x in text.split(",") if x.strip()]
         if isinstance(v, list):
@@ -99,6 +101,9 @@ class JobOptions(BaseModel):
     @model_validator(mode="after")
     def _speakers(self) -> JobOptions:
         check_hints(self.num_speakers, self.min_speakers, self.max_speakers)  # ValueError: a 422
+        if self.multichannel and self.speaker_profiles is not None:  # refused, not silently ignored
+            raise ValueError("speaker_profiles names the voices of one mixed recording; a multichannel job "
+                             "keeps no voices (each channel is one speaker): drop one of the two")
         return self
 
     def engine_options(self) -> dict[str, Any]:

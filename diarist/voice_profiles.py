@@ -79,7 +79,10 @@ def _refresh(p: SpeakerProfile) -> None:
 def add_samples(p: SpeakerProfile, samples: Sequence[tuple[SpeakerEmbedding, str]]) -> None:
     """Add ``(voice, source)`` samples to ``p`` and recompute its vector. Raises 409 ``model_mismatch`` when a
     voice was made by another embedding model than the profile's samples."""
+    have = {x.source for x in p.samples if x.source.startswith("job:")}
     for voice, source in samples:
+        if source in have:  # the same speaker of the same job saved again: already a sample (idempotent)
+            continue
         if p.model != voice.model:
             raise ApiError(409, "model_mismatch", f"the sample's voice was made by {voice.model}; this profile's "
                            f"samples by {p.model}: create a new profile")
@@ -103,6 +106,7 @@ def create_profile(db: Database, owner: str, name: str, samples: Sequence[tuple[
                                f"(DIARIST_MAX_SPEAKER_PROFILES={limit}); delete one first")
             p = SpeakerProfile(owner_key=owner, name=name, model=samples[0][0].model, vector=[], samples=[])
             add_samples(p, samples)
+            p.created_at = p.updated_at  # one instant: a new profile is never updated before it was created
             s.add(p)
             s.flush()
             return p.id

@@ -1,10 +1,11 @@
 """A job's timeline as consecutive phases: queued → [vad] → engine wait → encoding → prefill → decode →
-[diarization] → stored.
+[diarization] → [voices] → stored.
 
 Sources: the job row's ``created_at`` / ``started_at`` / ``finished_at``, the engine's per-request seconds
 in ``job_metrics`` (``queue_wait_s``, ``encoder_s``, ``prefill_s``, ``decode_s``) and, for the cascade
 pipeline, ``vad_s`` / ``diarization_s`` from ``job_metrics.extra`` (VAD runs before the engine requests,
-speaker clustering after them). The engine
+speaker clustering after them; ``speaker_embedding_s``, the speakers' voice vectors for known speakers, last).
+The engine
 phases are laid end to end in their natural order; in the engine they can interleave (chunked prefill
 shares steps with other requests' decodes), so the bar shows how long each took, not exact wall-clock
 boundaries. "stored" is the rest of the processing span: fetching and decoding the audio, writing the
@@ -19,7 +20,7 @@ from typing import Any
 from api.admin.queries import seconds
 
 COLORS = {"queued": "#9aa5b1", "vad": "#8fd3e8", "diarization": "#e88fb4", "engine wait": "#c3a6e0", "encoding": "#4c8bf5", "prefill": "#f5a623",
-          "decode": "#2fb380", "stored": "#637381", "processing": "#7fb3f5"}
+          "decode": "#2fb380", "stored": "#637381", "processing": "#7fb3f5", "voices": "#d9b44a"}
 
 
 def phases(job: Any, metrics: Any | None, now: datetime | None = None) -> list[dict[str, Any]]:
@@ -46,7 +47,7 @@ def phases(job: Any, metrics: Any | None, now: datetime | None = None) -> list[d
     extra = getattr(metrics, "extra", None) or {}
     steps = [("vad", extra.get("vad_s")), ("engine wait", metrics.queue_wait_s), ("encoding", metrics.encoder_s),
              ("prefill", metrics.prefill_s), ("decode", metrics.decode_s),
-             ("diarization", extra.get("diarization_s"))]
+             ("diarization", extra.get("diarization_s")), ("voices", extra.get("speaker_embedding_s"))]
     used = 0.0
     for name, v in steps:
         v = v if isinstance(v, (int, float)) else None

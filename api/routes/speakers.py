@@ -348,9 +348,12 @@ def _name_speakers(services: Services, principal: Principal, job_id: str, names:
     ids = {k: (t.identities or {}).get(k, SpeakerIdentity()) for k in t.speakers}
     for k, name in names.items():
         ids[k] = SpeakerIdentity(name=name)  # a name given by hand replaces a match
-    given = [x.name for x in ids.values() if x.name]
-    if len(given) != len(set(given)):
-        raise ApiError(422, "duplicate_name", "two speakers of one job cannot have the same name")
+    # what each speaker is shown as (a name, else its label) must tell them apart: no two names alike, and
+    # no name that is another speaker's label ({"S01": "S02"} would print two speakers as S02)
+    shown = [x.name or k for k, x in ids.items()]
+    if len(shown) != len(set(shown)):
+        raise ApiError(422, "duplicate_name", "two speakers of one job cannot be shown alike: a name is given "
+                       "twice, or is the label of another speaker of the job")
     if save:
         if job.owner_key != principal.key_id:
             raise ApiError(404, "not_found", f"no job {job_id}")

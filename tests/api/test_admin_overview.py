@@ -125,6 +125,10 @@ def test_timeline_phases_in_order_and_summing_to_the_span():
     assert [(p["name"], p["seconds"]) for p in timeline.phases(job, m, now=NOW)] == [
         ("queued", 20.0), ("vad", 1.5), ("engine wait", 2.0), ("encoding", 5.0), ("prefill", 3.0),
         ("decode", 40.0), ("diarization", 2.5), ("stored", 6.0)]
+    # the speakers' voice vectors (known speakers) are a phase of their own, not "stored"
+    m.extra["speaker_embedding_s"] = 4.0
+    assert [(p["name"], p["seconds"]) for p in timeline.phases(job, m, now=NOW)][-2:] == [
+        ("voices", 4.0), ("stored", 2.0)]
     # still running: queued then "processing" up to now; never started: queued only
     running = SimpleNamespace(created_at=at(2), started_at=at(1), finished_at=None)
     assert [(p["name"], p["seconds"]) for p in timeline.phases(running, None, now=NOW)] == [

@@ -106,7 +106,9 @@ def test_profile_from_a_job_speaker_and_naming_after_the_fact(client, stack):
     # renaming to the name of a profile adds the voice to that profile
     r = client.patch(f"/v1/jobs/{job['id']}/speakers", json={"S01": "JFK", "save_profile": True})
     assert r.json()["identities"]["S01"]["profile_id"] == jfk["id"]
-    assert client.get(f"/v1/speakers/{jfk['id']}").json()["sample_count"] == 2
+    assert client.get(f"/v1/speakers/{jfk['id']}").json()["sample_count"] == 1  # the same job speaker: once
+    created = client.get(f"/v1/speakers/{saved}").json()
+    assert created["updated_at"] >= created["created_at"]
     # bad requests change nothing
     before = client.get(f"/v1/jobs/{job['id']}/transcript").json()
     assert client.patch(f"/v1/jobs/{job['id']}/speakers", json={"S07": "Nobody"}
