@@ -202,13 +202,7 @@ class WhisperService:
         return url
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        topo.stop_processes(self.procs)
 
     def log_tails(self) -> dict:
         return {p.stem: p.read_text(errors="replace").splitlines()[-15:] for p in sorted(self.dir.glob("*.log"))}

@@ -219,6 +219,17 @@ def combine_engine_only(parts: list[dict]) -> dict:
     return out
 
 
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to ``procs`` (last started first), then wait up to 20 s for each; SIGKILL what is left."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 class Production:
     """API (``diarist serve``), per engine server (:func:`serve_engine`) ``--worker-processes`` ``diarist
     worker`` processes per transcription class, all separate processes on loopback: ``engines`` engine
@@ -313,10 +324,4 @@ class Production:
         return [s for url in self.engine_urls for s in httpx.get(f"{url}/bench/sequences", timeout=60).json()]
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
