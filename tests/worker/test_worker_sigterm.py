@@ -21,20 +21,22 @@ from celery import Celery
 from diarist.models import Job
 from tests.conftest import REPO, wav_bytes
 from tests.servers import QuietHandler, serve_http
+from tests.stand_in_engine import INFO
 
 STOP_HANG_S = 30.0
 """Bound on a hang from SIGTERM to exit; not a speed figure (waiting for the job would be forever here)."""
 
 
 class HangingEngine(QuietHandler):
-    """Answers GET /health; a POST gets one ``queued`` line, then keep-alive blank lines until the client
-    closes the connection (``closed`` set)."""
+    """Answers GET /health and GET /info (a Whisper engine, as the stand-in engine does); a POST gets one
+    ``queued`` line, then keep-alive blank lines until the client closes the connection (``closed`` set)."""
 
     started = threading.Event()
     closed = threading.Event()
 
     def do_GET(self) -> None:
-        self.reply(200, b'{"status": "ok"}', "application/json")
+        body = INFO if self.path == "/info" else {"status": "ok"}
+        self.reply(200, json.dumps(body).encode(), "application/json")
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
