@@ -32,7 +32,7 @@ def create_app(services: Services, engine_ready: Callable[[], bool] | None = Non
     ``engine_ready``: optional readiness probe of an in-process engine, reported by ``/readyz``.
 
     Raises:
-        diarist.settings.InvalidSettings: a ``DIARIST_ADMIN_*`` variable does not validate (read here, at
+        diarist.env_settings.InvalidSettings: a ``DIARIST_ADMIN_*`` variable does not validate (read here, at
             startup, rather than at the first ``/metrics`` or ``/readyz``).
     """
     import diarist

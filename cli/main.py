@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from cli.listen import CannotListen
     from cli.options import BadOption
-    from diarist.settings import InvalidSettings
+    from diarist.env_settings import InvalidSettings
     from engine.checkpoints import CheckpointError  # torch-free
     from engine.config import DeviceUnavailable
 

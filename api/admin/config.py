@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from diarist.settings import EnvSettings
+from diarist.env_settings import EnvSettings
 from diarist.urls import coerce_engine_urls
 
 
@@ -47,6 +47,6 @@ def get_admin_settings() -> AdminSettings:
     bad value stops the API there.
 
     Raises:
-        diarist.settings.InvalidSettings: a ``DIARIST_ADMIN_*`` value that does not validate.
+        diarist.env_settings.InvalidSettings: a ``DIARIST_ADMIN_*`` value that does not validate.
     """
     return AdminSettings()

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.admin.config import get_admin_settings
-from diarist.settings import InvalidSettings
+from diarist.env_settings import InvalidSettings
 from tests.servers import QuietHandler, serve_http
 
 DOWN = ("http://127.0.0.1:9", "http://127.0.0.1:10")  # discard and an unassigned port: nothing answers

@@ -31,7 +31,7 @@ def test_defaults(monkeypatch, tmp_path):
 def test_invalid_values_are_rejected_naming_the_variable(monkeypatch):
     import pytest
 
-    from diarist.settings import InvalidSettings
+    from diarist.env_settings import InvalidSettings
 
     monkeypatch.setenv("DIARIST_STORAGE", "ftp")
     monkeypatch.setenv("DIARIST_PORT", "eighty")
@@ -52,7 +52,7 @@ def test_a_rejected_credential_is_not_echoed(monkeypatch):
     import pytest
 
     from api.admin.config import AdminSettings
-    from diarist.settings import InvalidSettings
+    from diarist.env_settings import InvalidSettings
 
     with pytest.raises(InvalidSettings) as e:
         AdminSettings(session_secret=["hunter2-not-a-string"])
@@ -65,7 +65,7 @@ def test_admin_engine_urls_take_the_engine_url_forms(monkeypatch):
     import pytest
 
     from api.admin.config import AdminSettings
-    from diarist.settings import InvalidSettings
+    from diarist.env_settings import InvalidSettings
 
     monkeypatch.delenv("DIARIST_ADMIN_ENGINE_URLS", raising=False)
     assert AdminSettings().engine_urls is None
@@ -129,7 +129,7 @@ def test_engine_url_takes_one_url_or_a_list_own_engine_first(monkeypatch):
     worker's own engine first), trailing slashes dropped; anything but http(s) URLs is refused."""
     import pytest
 
-    from diarist.settings import InvalidSettings
+    from diarist.env_settings import InvalidSettings
 
     monkeypatch.delenv("DIARIST_ENGINE_URL", raising=False)
     assert Settings().engine_url == ["http://127.0.0.1:8100"]

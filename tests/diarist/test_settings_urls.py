@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diarist.settings import InvalidSettings, Settings
+from diarist.env_settings import InvalidSettings
+from diarist.settings import Settings
 
 
 @pytest.mark.parametrize(("field", "url"), [
