@@ -145,14 +145,7 @@ class HttpEngineClient:
         """
         import httpx
 
-        try:
-            r = httpx.get(f"{self.url}/info", timeout=httpx.Timeout(30.0, connect=10.0))
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}", outage=Dependency.ENGINE) from e
-        except httpx.HTTPError as e:
-            raise JobFailure("engine_error", f"engine server dropped GET /info: {e}", retryable=True) from e
-        if r.status_code >= 400:
-            raise _http_failure(r)
+        r = _answer(lambda: httpx.get(f"{self.url}/info", timeout=httpx.Timeout(30.0, connect=10.0)), "GET /info")
         try:
             info = r.json()
             family, frontend = str(info["family"]), str(info["frontend"])
@@ -254,15 +247,9 @@ class HttpEngineClient:
             raise JobFailure("too_long", f"the sample lasts {decoded.duration:.0f} s; a voice sample may last at "
                                          f"most {max_duration_s:g} s")
         headers = request_headers(TranscribeOptions(), replace(decoded.pcm_format(), frontend=frontend.value))
-        try:
-            r = httpx.post(f"{self.url}/internal/embed", content=b"".join(decoded.pcm_chunks()), headers=headers,
-                           params={"max_duration_s": max_duration_s}, timeout=httpx.Timeout(300.0, connect=10.0))
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            raise JobFailure("engine_unavailable", f"engine server unreachable: {e}", outage=Dependency.ENGINE) from e
-        except httpx.HTTPError as e:
-            raise JobFailure("engine_error", f"engine server dropped the request: {e}", retryable=True) from e
-        if r.status_code >= 400:
-            raise _http_failure(r)
+        r = _answer(lambda: httpx.post(
+            f"{self.url}/internal/embed", content=b"".join(decoded.pcm_chunks()), headers=headers,
+            params={"max_duration_s": max_duration_s}, timeout=httpx.Timeout(300.0, connect=10.0)), "the request")
         try:
             body = r.json()
             voice = None if body.get("voice") is None else SpeakerEmbedding.from_json(body["voice"], "the voice")
@@ -289,6 +276,26 @@ def _shutdown(response: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # already closed
             pass
+
+
+def _answer(send: Callable[[], Any], what: str) -> Any:
+    """``send()``'s response (an ``httpx.Response``) when its status is below 400, else the failure it means.
+
+    Raises:
+        JobFailure: ``engine_unavailable`` (an outage) when nothing reached the engine; ``engine_error``
+            (retryable) when the engine dropped ``what``; :func:`_http_failure` for an error status.
+    """
+    import httpx
+
+    try:
+        r = send()
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        raise JobFailure("engine_unavailable", f"engine server unreachable: {e}", outage=Dependency.ENGINE) from e
+    except httpx.HTTPError as e:
+        raise JobFailure("engine_error", f"engine server dropped {what}: {e}", retryable=True) from e
+    if r.status_code >= 400:
+        raise _http_failure(r)
+    return r
 
 
 def _http_failure(r: Any) -> JobFailure:
